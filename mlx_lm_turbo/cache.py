@@ -1,0 +1,360 @@
+"""Compressed KV caches that honour mlx-lm's cache contract.
+
+``TurboQuantKVCache`` replaces ``KVCache`` and ``TurboQuantRotatingKVCache``
+replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
+update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
+``TurboKV`` (the compressed history plus the chunk's exact keys and values)
+that ``attention.turbo_scaled_dot_product_attention`` consumes. So during a
+chunked prefill the cache never holds more than one chunk in fp16.
+
+Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
+its affine quantized attention and replace a cache that has the second.
+"""
+
+import json
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
+
+from .codec import TurboCodec
+from .schemes import parse_scheme
+
+
+class TurboKV:
+    """Keys and values as a turbo cache hands them to attention.
+
+    ``stored`` holds compressed history (or None); ``new_keys``/``new_values``
+    the current chunk exactly, already in the rotated, calibrated domain.
+    Models pass it through to ``scaled_dot_product_attention`` untouched.
+    """
+
+    __slots__ = ("codec", "stored", "new_keys", "new_values")
+
+    def __init__(self, codec, stored, new_keys=None, new_values=None):
+        self.codec, self.stored = codec, stored
+        self.new_keys, self.new_values = new_keys, new_values
+
+    @property
+    def shape(self):
+        """Shape of the keys this stands for, (B, H, T, key_dim)."""
+        parts = [a.shape for a in (self.stored[0] if self.stored else None, self.new_keys) if a is not None]
+        tokens = sum(s[2] for s in parts)
+        return (*parts[0][:2], tokens, self.codec.key_dim)
+
+    def keys_and_values(self):
+        keys, values = [], []
+        if self.stored is not None:
+            k, v = self.codec.decode(self.stored)
+            keys.append(k)
+            values.append(v)
+        if self.new_keys is not None:
+            keys.append(self.new_keys)
+            values.append(self.new_values)
+        if len(keys) == 1:
+            return keys[0], values[0]
+        return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
+
+
+def _check_keys_values(keys, values):
+    if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
+        raise TypeError("TurboQuant caches take mx.array keys and values.")
+    if keys.ndim != 4 or values.ndim != 4 or keys.shape[:3] != values.shape[:3]:
+        raise ValueError(
+            "TurboQuant caches take keys and values shaped (batch, kv_heads, tokens, head_dim) "
+            f"with matching leading dims; got {keys.shape} and {values.shape}."
+        )
+
+
+class _TurboCache:
+    """What both cache layouts share: the codec, the fp16 start, state, sizes."""
+
+    step = 256
+
+    def __init__(self, scheme, *, seed=0, layer=0, uncompressed_start=0, key_calibration=None):
+        self.scheme = parse_scheme(scheme)
+        if self.scheme is None:
+            raise ValueError("A TurboQuant cache needs a scheme such as 'turbo4', not 'none'.")
+        if uncompressed_start < 0:
+            raise ValueError(f"uncompressed_start must be >= 0, got {uncompressed_start}.")
+        self.seed, self.layer = seed, layer
+        self.uncompressed_start = uncompressed_start
+        self.key_calibration = key_calibration
+        self.offset = 0
+        self.codec = None  # built when compression starts
+        self.stored = None  # compressed arrays, token axis 2
+        self.uncompressed = None  # mlx-lm cache holding the tokens before compression starts
+
+    # -- the uncompressed start and the switch to compression ---------------
+    def _make_uncompressed(self):
+        raise NotImplementedError
+
+    def _uncompressed_history(self):
+        """The uncompressed cache's keys and values in temporal order."""
+        raise NotImplementedError
+
+    def _compressing(self, keys, values):
+        """Route an update: True when it goes to the compressed store."""
+        _check_keys_values(keys, values)
+        if self.codec is not None:
+            if keys.shape[1] != self.codec.n_kv_heads or keys.shape[3] != self.codec.key_dim \
+                    or values.shape[3] != self.codec.value_dim:
+                raise ValueError(
+                    f"Keys {keys.shape} / values {values.shape} do not match this cache's "
+                    f"{self.codec.n_kv_heads} heads of dims {self.codec.key_dim}/{self.codec.value_dim}."
+                )
+            return True
+        if self.offset + keys.shape[2] < self.uncompressed_start:
+            if self.uncompressed is None:
+                self.uncompressed = self._make_uncompressed()
+            return False
+        history = self._uncompressed_history() if self.uncompressed is not None else None
+        self.codec = TurboCodec(
+            self.scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
+            n_kv_heads=keys.shape[1], dtype=keys.dtype, seed=self.seed, layer=self.layer,
+            key_calibration=self.key_calibration,
+        )
+        sample = keys if history is None else mx.concatenate([history[0], keys], axis=2)
+        self.codec.calibrate(sample)
+        self.uncompressed = None
+        if history is not None:
+            self._store_history(self.codec.encode(*history)[0])
+        return True
+
+    # -- mlx-lm's cache contract ---------------------------------------------
+    def empty(self):
+        return self.stored is None and self.uncompressed is None
+
+    def size(self):
+        return self.offset
+
+    def is_trimmable(self):
+        return True
+
+    def trim(self, n):
+        if self.uncompressed is not None:
+            n = self.uncompressed.trim(n)
+            self.offset = self.uncompressed.offset
+            return n
+        n = min(self.offset, n)
+        self.offset -= n
+        return n
+
+    @property
+    def nbytes(self):
+        arrays = list(self.stored or ())
+        if self.codec is not None:
+            arrays += [a for a in (self.codec.key_mean, self.codec.key_scale) if a is not None]
+        total = sum(a.nbytes for a in arrays)
+        return total + (self.uncompressed.nbytes if self.uncompressed is not None else 0)
+
+    def _extra_meta(self):
+        return {}
+
+    @property
+    def meta_state(self):
+        meta = {
+            "scheme": self.scheme.name, "seed": self.seed, "layer": self.layer,
+            "uncompressed_start": self.uncompressed_start, "key_calibration": self.key_calibration,
+            "offset": self.offset, "codec": self.codec.meta() if self.codec else None,
+            **self._extra_meta(),
+        }
+        return (json.dumps(meta),)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        meta = json.loads(v[0])
+        self.scheme = parse_scheme(meta["scheme"])
+        self.seed, self.layer = meta["seed"], meta["layer"]
+        self.uncompressed_start = meta["uncompressed_start"]
+        self.key_calibration = meta["key_calibration"]
+        self.offset = meta["offset"]
+        self._set_extra_meta(meta)
+        self._codec_meta = meta["codec"]
+
+    def _set_extra_meta(self, meta):
+        pass
+
+    def _stored_slice(self):
+        """The stored arrays trimmed to what is in use, for saving."""
+        return self.stored
+
+    @property
+    def state(self):
+        """[meta json, key mean, key scale, *arrays]: flat, so a saved file round-trips."""
+        if self.codec is not None:
+            arrays = list(self._stored_slice() or ())
+            mean, scale = self.codec.key_mean, self.codec.key_scale
+        elif self.uncompressed is not None:
+            arrays, mean, scale = list(self.uncompressed.state), None, None
+        else:
+            arrays, mean, scale = [], None, None
+        return [self.meta_state[0], mean, scale, *arrays]
+
+    @state.setter
+    def state(self, v):
+        meta, mean, scale, *arrays = v
+        self.meta_state = (meta,)
+        self.codec, self.stored, self.uncompressed = None, None, None
+        if self._codec_meta is not None:  # compressed
+            self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
+            self.stored = tuple(arrays) if arrays else None
+        elif arrays:
+            self.uncompressed = type(self._make_uncompressed()).from_state(arrays)
+        del self._codec_meta
+
+    @classmethod
+    def from_state(cls, state):
+        cache = cls.__new__(cls)
+        cache.state = state
+        return cache
+
+
+class TurboQuantKVCache(_TurboCache):
+    """Compressed replacement for mlx-lm's ``KVCache``."""
+
+    def _make_uncompressed(self):
+        return KVCache()
+
+    def _uncompressed_history(self):
+        return self.uncompressed.keys_and_values()
+
+    def _store_history(self, new):
+        self.offset = 0
+        self._store(new)
+
+    def _store(self, new):
+        """Append compressed arrays at ``offset``, growing capacity in steps."""
+        prev, n = self.offset, new[0].shape[2]
+        capacity = self.stored[0].shape[2] if self.stored is not None else 0
+        if prev + n > capacity:
+            n_steps = (self.step + n - 1) // self.step
+            grown = [mx.zeros((*a.shape[:2], n_steps * self.step, *a.shape[3:]), a.dtype) for a in new]
+            if self.stored is not None:
+                grown = [mx.concatenate([s[..., :prev, :], g], axis=2) for s, g in zip(self.stored, grown)]
+            self.stored = tuple(grown)
+        for s, a in zip(self.stored, new):
+            s[..., prev : prev + n, :] = a
+        self.offset += n
+
+    def update_and_fetch(self, keys, values):
+        if not self._compressing(keys, values):
+            out = self.uncompressed.update_and_fetch(keys, values)
+            self.offset = self.uncompressed.offset
+            return out
+        stored, exact_keys, exact_values = self.codec.encode(keys, values)
+        history = self._stored_slice() if self.offset else None
+        self._store(stored)
+        view = TurboKV(self.codec, history, exact_keys, exact_values)
+        return view, view
+
+    def _stored_slice(self):
+        if self.stored is None or self.offset == self.stored[0].shape[2]:
+            return self.stored
+        return tuple(a[..., : self.offset, :] for a in self.stored)
+
+    def make_mask(self, *args, **kwargs):
+        return create_attention_mask(*args, offset=self.offset, **kwargs)
+
+
+class TurboQuantRotatingKVCache(_TurboCache):
+    """Compressed replacement for mlx-lm's ``RotatingKVCache`` (sliding windows).
+
+    Same ring-buffer semantics (``max_size``, ``keep``, temporal order on
+    multi-token updates, in-place rotation on single tokens), applied to the
+    compressed arrays; the array-generic helpers are mlx-lm's own.
+    """
+
+    def __init__(self, scheme, max_size, keep=0, **kwargs):
+        super().__init__(scheme, **kwargs)
+        self.max_size, self.keep = max_size, keep
+        self._idx = 0
+
+    _temporal_order = RotatingKVCache._temporal_order
+    _trim = RotatingKVCache._trim
+
+    def _make_uncompressed(self):
+        return RotatingKVCache(self.max_size, self.keep)
+
+    def _uncompressed_history(self):
+        u = self.uncompressed
+        return u._temporal_order(u.keys), u._temporal_order(u.values)
+
+    def _store_history(self, new):
+        # The uncompressed ring's contents, in temporal order; offset is unchanged.
+        self.stored, self._idx = tuple(new), new[0].shape[2]
+
+    def _update_concat(self, new):
+        history = None
+        if self.stored is None:
+            self.stored = tuple(new)
+        else:
+            ordered = [self._temporal_order(a) for a in self.stored]
+            self._idx = ordered[0].shape[2]
+            # Keep max_size - 1 old tokens so every new token sees a full window.
+            trim_size = self._idx - self.max_size + 1
+            history = tuple(self._trim(trim_size, a) for a in ordered)
+            self.stored = tuple(mx.concatenate([h, a], axis=2) for h, a in zip(history, new))
+        self.offset += new[0].shape[2]
+        self._idx = self.stored[0].shape[2]
+        return history
+
+    def _update_in_place(self, new):
+        n, prev = new[0].shape[2], self.offset
+        capacity = self.stored[0].shape[2] if self.stored is not None else 0
+        if self.stored is None or (prev >= capacity and capacity < self.max_size):
+            size = min(self.step, self.max_size - prev)
+            grown = [mx.zeros((*a.shape[:2], size, *a.shape[3:]), a.dtype) for a in new]
+            if self.stored is not None:
+                grown = [mx.concatenate([s, g], axis=2) for s, g in zip(self.stored, grown)]
+            self.stored, self._idx = tuple(grown), prev
+        trim_size = self.stored[0].shape[2] - self.max_size
+        if trim_size > 0:
+            self.stored = tuple(self._trim(trim_size, a) for a in self.stored)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+        for s, a in zip(self.stored, new):
+            s[..., self._idx : self._idx + n, :] = a
+        self.offset += n
+        self._idx += n
+        return self._stored_slice()
+
+    def update_and_fetch(self, keys, values):
+        if not self._compressing(keys, values):
+            out = self.uncompressed.update_and_fetch(keys, values)
+            self.offset = self.uncompressed.offset
+            return out
+        stored, exact_keys, exact_values = self.codec.encode(keys, values)
+        if keys.shape[2] == 1:
+            # Like RotatingKVCache: the whole ring in ring order, new token included.
+            view = TurboKV(self.codec, self._update_in_place(stored))
+        else:
+            view = TurboKV(self.codec, self._update_concat(stored), exact_keys, exact_values)
+        return view, view
+
+    def _stored_slice(self):
+        if self.stored is None or self.offset >= self.stored[0].shape[2]:
+            return self.stored
+        return tuple(a[..., : self.offset, :] for a in self.stored)
+
+    def size(self):
+        return min(self.offset, self.max_size)
+
+    def is_trimmable(self):
+        return self.offset < self.max_size
+
+    def trim(self, n):
+        trimmed = super().trim(n)
+        if self.uncompressed is None:
+            self._idx -= trimmed
+        return trimmed
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        source = self.uncompressed if self.uncompressed is not None else self
+        return RotatingKVCache.make_mask(source, N, window_size=window_size, return_array=return_array)
+
+    def _extra_meta(self):
+        return {"max_size": self.max_size, "keep": self.keep, "idx": self._idx}
+
+    def _set_extra_meta(self, meta):
+        self.max_size, self.keep, self._idx = meta["max_size"], meta["keep"], meta["idx"]

@@ -1,0 +1,186 @@
+"""TurboQuant codec for one attention layer's keys and values.
+
+Each vector (one head, one token) is stored as an fp16 corrected norm and the
+packed indices of its rotated unit vector in a Lloyd-Max codebook. The corrected
+norm is ``|x| / |codebook[idx]|``, so a reconstruction has the original norm.
+
+Keys are first calibrated per head and channel (see ``KEY_CALIBRATIONS``), with
+the inverse scaling folded into the query so attention scores are unchanged in
+exact arithmetic. Everything downstream of ``encode`` works in the rotated
+domain: the query is rotated once, keys and values are dequantized there, and
+the attention output is rotated back once.
+"""
+
+import json
+
+import mlx.core as mx
+
+from .codebooks import boundaries, check_head_dim, codebook
+from .packing import pack, packed_words, unpack
+from .rotation import rotation
+from .schemes import KVScheme, parse_scheme
+
+# none:          keys as they are.
+# center:        subtract the per-channel mean; softmax ignores the resulting
+#                per-query score shift (added back when there are attention sinks).
+# center+scale:  also divide each channel by its spread (normalised to unit
+#                mean square over channels) and multiply the query by it.
+KEY_CALIBRATIONS = ("none", "center", "center+scale")
+# Calibrating on fewer tokens than this leaves channel spreads too noisy to scale by.
+MIN_SCALE_TOKENS = 16
+SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+_FP16_MAX = 65504.0
+
+
+def default_key_calibration(key_bits: int) -> str:
+    """The calibration measured best on the real model for this key width (see README)."""
+    return "center+scale" if key_bits >= 4 else "center"
+
+
+def quantize_rotated(y: mx.array, bits: int):
+    """Rotated vectors (..., d) -> (packed indices, fp16 corrected norms (..., 1))."""
+    head_dim = y.shape[-1]
+    norm = mx.linalg.norm(y, axis=-1, keepdims=True)
+    unit = y / mx.maximum(norm, 1e-30)
+    indices = mx.searchsorted(boundaries(head_dim, bits), unit)
+    recon_norm = mx.linalg.norm(codebook(head_dim, bits)[indices], axis=-1, keepdims=True)
+    corrected = mx.minimum(norm / mx.maximum(recon_norm, 1e-30), _FP16_MAX)
+    return pack(indices, bits), corrected.astype(mx.float16)
+
+
+def dequantize_rotated(codes: mx.array, norms: mx.array, bits: int, head_dim: int, dtype):
+    """Inverse of ``quantize_rotated``, still in the rotated domain."""
+    levels = codebook(head_dim, bits)[unpack(codes, bits, head_dim)]
+    return (levels * norms.astype(mx.float32)).astype(dtype)
+
+
+class TurboCodec:
+    """Rotation, key calibration and codebooks of one layer; stateless once built."""
+
+    def __init__(self, scheme: KVScheme, *, key_dim, value_dim, n_kv_heads, dtype,
+                 seed=0, layer=0, key_calibration=None):
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"TurboQuant caches take float16, bfloat16 or float32 keys and values, got {dtype}."
+            )
+        if scheme.key_bits:
+            check_head_dim(key_dim)
+        check_head_dim(value_dim)
+        if key_calibration is None:
+            key_calibration = default_key_calibration(scheme.key_bits)
+        if key_calibration not in KEY_CALIBRATIONS:
+            raise ValueError(
+                f"Unknown key calibration {key_calibration!r}; choose one of {KEY_CALIBRATIONS}."
+            )
+        self.scheme = scheme
+        self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
+        self.dtype = dtype
+        self.seed, self.layer = seed, layer
+        self.key_calibration = key_calibration if scheme.key_bits else "none"
+        self.key_rotation = rotation(key_dim, seed, layer) if scheme.key_bits else None
+        self.value_rotation = rotation(value_dim, seed, layer)
+        self.key_mean = None  # (n_kv_heads, key_dim) float32, set by calibrate()
+        self.key_scale = None
+
+    # -- calibration --------------------------------------------------------
+    def calibrate(self, keys: mx.array):
+        """Measure per-head, per-channel key statistics on (B, H, T, D) keys."""
+        if self.key_calibration == "none":
+            return
+        k = keys.astype(mx.float32)
+        self.key_mean = k.mean(axis=(0, 2))
+        n_tokens = keys.shape[0] * keys.shape[2]
+        if self.key_calibration == "center+scale" and n_tokens >= MIN_SCALE_TOKENS:
+            spread = mx.sqrt(((k - self.key_mean[:, None]) ** 2).mean(axis=(0, 2)))
+            spread = mx.maximum(spread, 1e-3 * spread.max(axis=-1, keepdims=True) + 1e-12)
+            self.key_scale = spread / mx.sqrt((spread**2).mean(axis=-1, keepdims=True))
+
+    def _calibrated_keys(self, keys):
+        k = keys.astype(mx.float32)
+        if self.key_mean is not None:
+            k = k - self.key_mean[:, None]
+        if self.key_scale is not None:
+            k = k / self.key_scale[:, None]
+        return k
+
+    # -- storage ------------------------------------------------------------
+    @property
+    def n_stored_arrays(self):
+        return 4 if self.scheme.key_bits else 3
+
+    def encode(self, keys: mx.array, values: mx.array):
+        """(B, H, L, D) keys and values -> (stored arrays, exact rotated keys, values).
+
+        Every stored array keeps the token axis at 2. The exact rotated keys and
+        values let a chunk attend to itself without quantization error.
+        """
+        y_values = self.value_rotation.forward(values)
+        stored_values = quantize_rotated(y_values, self.scheme.value_bits)
+        if self.scheme.key_bits:
+            y_keys = self.key_rotation.forward(self._calibrated_keys(keys))
+            stored = (*quantize_rotated(y_keys, self.scheme.key_bits), *stored_values)
+            exact_keys = y_keys.astype(self.dtype)
+        else:
+            stored = (keys, *stored_values)
+            exact_keys = keys
+        return stored, exact_keys, y_values.astype(self.dtype)
+
+    def decode(self, stored):
+        """Stored arrays -> (keys, values) in the attention domain, model dtype."""
+        *key_part, value_codes, value_norms = stored
+        values = dequantize_rotated(
+            value_codes, value_norms, self.scheme.value_bits, self.value_dim, self.dtype
+        )
+        if not self.scheme.key_bits:
+            return key_part[0], values
+        keys = dequantize_rotated(*key_part, self.scheme.key_bits, self.key_dim, self.dtype)
+        return keys, values
+
+    def bytes_per_token(self):
+        """Stored bytes per token and KV head (keys + values)."""
+        value_bytes = 4 * packed_words(self.value_dim, self.scheme.value_bits) + 2
+        if self.scheme.key_bits:
+            key_bytes = 4 * packed_words(self.key_dim, self.scheme.key_bits) + 2
+        else:
+            key_bytes = self.key_dim * self.dtype.size
+        return key_bytes + value_bytes
+
+    # -- attention ----------------------------------------------------------
+    def _per_query_head(self, stat, n_q_heads):
+        return mx.repeat(stat, n_q_heads // self.n_kv_heads, axis=0)[None, :, None, :]
+
+    def prepare_queries(self, queries: mx.array) -> mx.array:
+        """Queries (B, Hq, L, D) into the domain the stored keys live in."""
+        if not self.scheme.key_bits:
+            return queries
+        q = queries.astype(mx.float32)
+        if self.key_scale is not None:
+            q = q * self._per_query_head(self.key_scale, queries.shape[1])
+        return self.key_rotation.forward(q).astype(queries.dtype)
+
+    def score_shift(self, queries: mx.array, scale: float):
+        """The per-query score offset that centring removed, (B, Hq, L, 1), or None."""
+        if self.key_mean is None:
+            return None
+        mean = self._per_query_head(self.key_mean, queries.shape[1])
+        return scale * (queries.astype(mx.float32) * mean).sum(axis=-1, keepdims=True)
+
+    def restore_output(self, output: mx.array) -> mx.array:
+        return self.value_rotation.inverse(output).astype(output.dtype)
+
+    # -- persistence --------------------------------------------------------
+    def meta(self) -> str:
+        return json.dumps({
+            "scheme": self.scheme.name, "key_dim": self.key_dim, "value_dim": self.value_dim,
+            "n_kv_heads": self.n_kv_heads, "dtype": str(self.dtype).split(".")[-1],
+            "seed": self.seed, "layer": self.layer, "key_calibration": self.key_calibration,
+        })
+
+    @classmethod
+    def from_meta(cls, meta: str, key_mean=None, key_scale=None):
+        m = json.loads(meta)
+        codec = cls(parse_scheme(m["scheme"]), key_dim=m["key_dim"], value_dim=m["value_dim"],
+                    n_kv_heads=m["n_kv_heads"], dtype=getattr(mx, m["dtype"]), seed=m["seed"],
+                    layer=m["layer"], key_calibration=m["key_calibration"])
+        codec.key_mean, codec.key_scale = key_mean, key_scale
+        return codec

@@ -1,0 +1,50 @@
+"""Attaching to mlx-lm: the attention dispatch and the cache classes.
+
+mlx-lm's model modules bind ``scaled_dot_product_attention`` from
+``mlx_lm.models.base`` by name when they are imported, so the dispatch is set
+on ``base`` (for modules imported later) and on every model module already
+loaded. It only acts on ``TurboKV`` keys; everything else goes to the original.
+"""
+
+import sys
+
+from .attention import turbo_scaled_dot_product_attention
+from .cache import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
+
+CACHE_CLASSES = (TurboQuantKVCache, TurboQuantRotatingKVCache)
+
+
+def _make_dispatch(original):
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(keys, TurboKV):
+            return turbo_scaled_dot_product_attention(queries, keys, scale, mask, sinks)
+        return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+    scaled_dot_product_attention.turbo_original = original
+    return scaled_dot_product_attention
+
+
+def install_attention_dispatch():
+    """Idempotently route attention over turbo caches to the rotated-domain path."""
+    base = sys.modules.get("mlx_lm.models.base") or __import__("mlx_lm.models.base", fromlist=["_"])
+    original = base.scaled_dot_product_attention
+    if hasattr(original, "turbo_original"):
+        return
+    dispatch = _make_dispatch(original)
+    base.scaled_dot_product_attention = dispatch
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) is original:
+            module.scaled_dot_product_attention = dispatch
+
+
+def register_cache_classes():
+    """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name there."""
+    import mlx_lm.models.cache as mlx_cache
+
+    for cls in CACHE_CLASSES:
+        setattr(mlx_cache, cls.__name__, cls)
+
+
+def install():
+    install_attention_dispatch()
+    register_cache_classes()

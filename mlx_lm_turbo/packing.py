@@ -1,0 +1,80 @@
+"""Exact bit packing of codebook indices into uint32 words.
+
+A vector of ``dim`` b-bit indices is one bit stream of ``dim * b`` bits in
+``ceil(dim * b / 32)`` words: 8 per word at 4 bits, 16 at 2, 4 at 8, and at 3
+bits 32 values in three words, a value straddling two words where it falls.
+"""
+
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+PACKABLE_BITS = (1, 2, 3, 4, 8)
+
+
+def packed_words(dim: int, bits: int) -> int:
+    return -(-dim * bits // 32)
+
+
+@lru_cache(maxsize=None)
+def _layout(dim, bits):
+    """Per value: its first word, its shift there, and where its high bits spill."""
+    offsets = np.arange(dim) * bits
+    word, shift = offsets // 32, offsets % 32
+    spills = shift + bits > 32
+    n_words = packed_words(dim, bits)
+
+    # For packing: each word gathers the (value, left shift, right shift)
+    # pieces that land in it; the padding piece reads an appended zero.
+    pieces = [[] for _ in range(n_words)]
+    for i in range(dim):
+        pieces[word[i]].append((i, shift[i], 0))
+        if spills[i]:
+            pieces[word[i] + 1].append((i, 0, 32 - shift[i]))
+    width = max(len(p) for p in pieces)
+    table = np.zeros((n_words, width, 3), dtype=np.uint32)
+    table[..., 0] = dim
+    for w, p in enumerate(pieces):
+        table[w, : len(p)] = p
+
+    # For unpacking: value i = (word[i] >> shift | word[i]+1 << (32 - shift)) & mask;
+    # values that do not spill read the appended zero word with shift 0.
+    high_word = np.where(spills, word + 1, n_words)
+    high_shift = np.where(spills, 32 - shift, 0)
+    as_mx = lambda a: mx.array(a.astype(np.uint32))
+    return {
+        "pack_index": as_mx(table[..., 0].reshape(-1)),
+        "pack_left": as_mx(table[..., 1]),
+        "pack_right": as_mx(table[..., 2]),
+        "width": width,
+        "word": as_mx(word),
+        "shift": as_mx(shift),
+        "high_word": as_mx(high_word) if spills.any() else None,
+        "high_shift": as_mx(high_shift),
+    }
+
+
+def pack(indices: mx.array, bits: int) -> mx.array:
+    """(..., dim) integer indices < 2**bits -> (..., packed_words(dim, bits)) uint32."""
+    if bits not in PACKABLE_BITS:
+        raise ValueError(f"cannot pack {bits}-bit values; supported: {PACKABLE_BITS}")
+    dim = indices.shape[-1]
+    layout = _layout(dim, bits)
+    values = indices.astype(mx.uint32)
+    values = mx.concatenate([values, mx.zeros((*values.shape[:-1], 1), mx.uint32)], axis=-1)
+    gathered = mx.take(values, layout["pack_index"], axis=-1)
+    gathered = gathered.reshape(*values.shape[:-1], -1, layout["width"])
+    pieces = (gathered >> layout["pack_right"]) << layout["pack_left"]
+    # The pieces occupy disjoint bits, so their sum is their bitwise or.
+    return pieces.sum(axis=-1).astype(mx.uint32)
+
+
+def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
+    """(..., packed_words(dim, bits)) uint32 -> (..., dim) uint32 indices."""
+    layout = _layout(dim, bits)
+    values = mx.take(words, layout["word"], axis=-1) >> layout["shift"]
+    if layout["high_word"] is not None:
+        padded = mx.concatenate([words, mx.zeros((*words.shape[:-1], 1), mx.uint32)], axis=-1)
+        values = values | (mx.take(padded, layout["high_word"], axis=-1) << layout["high_shift"])
+    return values & ((1 << bits) - 1)

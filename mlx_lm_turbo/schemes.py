@@ -1,0 +1,84 @@
+"""The scheme grammar: the one place that says which ``--kv-scheme`` values exist.
+
+    turbo<K>[v<V>][-compact]     K in {0, 2, 3, 4, 8}, V in {2, 3, 4, 8}
+    none                         compression off
+
+``turbo4`` is 4-bit keys and values, ``turbo4v2`` 4-bit keys and 2-bit values,
+``turbo0v4`` keeps keys in fp16 and stores 4-bit values. ``-compact`` asks for
+the fused compressed-domain decode kernel where the backend has one.
+"""
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+KEY_BITS = (0, 2, 3, 4, 8)
+VALUE_BITS = (2, 3, 4, 8)
+_PATTERN = re.compile(r"turbo(\d+)(?:v(\d+))?(-compact)?")
+
+
+@dataclass(frozen=True)
+class KVScheme:
+    key_bits: int  # 0 = keys stay in the model's dtype
+    value_bits: int
+    compact: bool = False
+
+    @property
+    def name(self) -> str:
+        name = f"turbo{self.key_bits}"
+        if self.value_bits != self.key_bits:
+            name += f"v{self.value_bits}"
+        return name + ("-compact" if self.compact else "")
+
+    def __str__(self):
+        return self.name
+
+
+def valid_scheme_names():
+    names = [f"turbo{k}" for k in KEY_BITS if k]
+    names += [f"turbo{k}v{v}" for k in KEY_BITS for v in VALUE_BITS if k != v]
+    return names + [n + "-compact" for n in names]
+
+
+def parse_scheme(text) -> Optional[KVScheme]:
+    """Parse a scheme name; ``none`` (or ``None``/empty) means no compression."""
+    if isinstance(text, KVScheme):
+        return text
+    if text is None or str(text).strip().lower() in ("", "none"):
+        return None
+    cleaned = str(text).strip().lower()
+    match = _PATTERN.fullmatch(cleaned)
+    if match:
+        key_bits = int(match.group(1))
+        value_bits = int(match.group(2)) if match.group(2) else key_bits
+        if key_bits in KEY_BITS and value_bits in VALUE_BITS:
+            return KVScheme(key_bits, value_bits, bool(match.group(3)))
+    raise ValueError(_unknown_scheme_message(str(text)))
+
+
+def _nearest_scheme(text):
+    cleaned = text.strip().lower()
+    match = _PATTERN.fullmatch(cleaned)
+    if not match:
+        close = difflib.get_close_matches(cleaned, valid_scheme_names(), n=1, cutoff=0.0)
+        return close[0] if close else None
+
+    def nearest(bits, allowed):
+        return min(allowed, key=lambda b: (abs(b - bits), b))
+
+    requested = int(match.group(1))
+    key_bits = 0 if requested == 0 else nearest(requested, [b for b in KEY_BITS if b])
+    value = int(match.group(2)) if match.group(2) else key_bits or 4
+    return KVScheme(key_bits, nearest(value, VALUE_BITS), bool(match.group(3))).name
+
+
+def _unknown_scheme_message(text):
+    nearest = _nearest_scheme(text)
+    hint = f" Did you mean {nearest}?" if nearest else ""
+    return (
+        f"Unknown KV scheme {text!r}.{hint} Valid schemes are turbo<K>[v<V>][-compact] "
+        f"with K in {{{', '.join(map(str, KEY_BITS))}}} (key bits; 0 keeps keys in fp16) "
+        f"and V in {{{', '.join(map(str, VALUE_BITS))}}} (value bits), e.g. turbo4, turbo3, "
+        "turbo4v2, turbo0v4, turbo8v4, turbo4-compact; or 'none' for no compression."
+    )
