@@ -82,6 +82,11 @@ class TurboCodec:
         self.key_mean = None  # (n_kv_heads, key_dim) float32, set by calibrate()
         self.key_scale = None
 
+    def __deepcopy__(self, memo):
+        # Never mutated once calibrated, so cache copies can share it (and MLX
+        # dtypes cannot be deep-copied).
+        return self
+
     # -- calibration --------------------------------------------------------
     def calibrate(self, keys: mx.array):
         """Measure per-head, per-channel key statistics on (B, H, T, D) keys."""

@@ -1,0 +1,183 @@
+import copy
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, RotatingKVCache, load_prompt_cache, save_prompt_cache
+
+from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo.integration import register_cache_classes
+
+from conftest import outlier_keys
+
+
+def kv(T, H=2, D=128, seed=0, dtype=mx.float16):
+    keys = outlier_keys((1, H, T, D), seed=seed).astype(dtype)
+    values = mx.random.normal((1, H, T, D), key=mx.random.key(seed + 100)).astype(dtype)
+    return keys, values
+
+
+def fill(cache, keys, values, chunk=512):
+    for start in range(0, keys.shape[2], chunk):
+        cache.update_and_fetch(keys[:, :, start:start + chunk], values[:, :, start:start + chunk])
+    mx.eval([a for a in cache.state if isinstance(a, mx.array)])
+    return cache
+
+
+@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.26), ("turbo3", 0.20), ("turbo2", 0.135)])
+def test_nbytes_of_4096_tokens_against_fp16(scheme, limit):
+    keys, values = kv(4096)
+    fp16 = fill(KVCache(), keys, values)
+    turbo = fill(TurboQuantKVCache(scheme), keys, values)
+    assert turbo.offset == fp16.offset == 4096
+    assert turbo.nbytes <= limit * fp16.nbytes
+    # bits per value from the stored arrays alone: 4.125 / 3.125 / 2.125 at d=128
+    stored = sum(a.nbytes for a in turbo.stored)
+    bits = {"turbo4": 4.125, "turbo3": 3.125, "turbo2": 2.125}[scheme]
+    assert stored * 8 / (2 * 2 * 4096 * 128) == pytest.approx(bits)
+
+
+def test_persistent_cache_holds_only_compressed_data():
+    keys, values = kv(1000)
+    cache = TurboQuantKVCache("turbo4")
+    for start in range(0, 1000, 256):
+        view, same = cache.update_and_fetch(keys[:, :, start:start + 256], values[:, :, start:start + 256])
+        assert view is same and isinstance(view, TurboKV)
+        # only the current chunk is held exactly, and only by the returned view
+        assert view.new_keys.shape[2] == min(256, 1000 - start)
+        assert [a.dtype for a in cache.stored] == [mx.uint32, mx.float16, mx.uint32, mx.float16]
+        assert cache.uncompressed is None
+        assert view.shape == (1, 2, start + view.new_keys.shape[2], 128)
+
+
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo0v4", "turbo4v2"])
+@pytest.mark.parametrize("cls", [TurboQuantKVCache, TurboQuantRotatingKVCache])
+def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
+    register_cache_classes()
+    keys, values = kv(700)
+    args = (scheme, 256, 4) if cls is TurboQuantRotatingKVCache else (scheme,)
+    cache = cls(*args, seed=3, layer=5)
+    fill(cache, keys, values[..., :128], chunk=300)
+    path = str(tmp_path / "cache.safetensors")
+    save_prompt_cache(path, [cache])
+    (loaded,) = load_prompt_cache(path)
+    assert type(loaded) is cls
+    assert loaded.offset == cache.offset and loaded.scheme == cache.scheme
+    assert loaded.codec.meta() == cache.codec.meta()
+    for a, b in zip(cache._stored_slice(), loaded._stored_slice()):
+        assert a.dtype == b.dtype and mx.array_equal(a, b).item()
+    if cache.scheme.key_bits:
+        assert mx.array_equal(loaded.codec.key_mean, cache.codec.key_mean).item()
+    else:
+        assert loaded.codec.key_mean is None and cache.codec.key_mean is None
+    # and it continues identically
+    k, v = kv(1, seed=9)
+    a, _ = cache.update_and_fetch(k, v[..., :128])
+    b, _ = loaded.update_and_fetch(k, v[..., :128])
+    for x, y in zip(a.keys_and_values(), b.keys_and_values()):
+        assert mx.array_equal(x, y).item()
+
+
+def test_from_state_restores_scheme_seed_and_scales():
+    keys, values = kv(64)
+    cache = fill(TurboQuantKVCache("turbo4", seed=11, layer=2), keys, values)
+    clone = TurboQuantKVCache.from_state(cache.state)
+    assert clone.codec.seed == 11 and clone.codec.layer == 2
+    assert clone.codec.key_calibration == cache.codec.key_calibration
+    assert mx.array_equal(clone.codec.key_scale, cache.codec.key_scale).item()
+
+
+def test_empty_cache_state_round_trip():
+    cache = TurboQuantKVCache("turbo3")
+    clone = TurboQuantKVCache.from_state(cache.state)
+    assert clone.empty() and clone.offset == 0 and clone.nbytes == 0
+
+
+def test_deepcopy_is_independent():
+    keys, values = kv(300)
+    cache = fill(TurboQuantKVCache("turbo4"), keys, values)
+    clone = copy.deepcopy(cache)
+    before = [mx.array(a) for a in cache._stored_slice()]
+    k, v = kv(40, seed=4)
+    clone.update_and_fetch(k, v)
+    clone.trim(100)
+    assert cache.offset == 300 and clone.offset == 240
+    for a, b in zip(before, cache._stored_slice()):
+        assert mx.array_equal(a, b).item()
+
+
+def test_trim_then_continue_matches_a_shorter_cache():
+    keys, values = kv(200)
+    cache = fill(TurboQuantKVCache("turbo4"), keys, values, chunk=200)
+    assert cache.is_trimmable() and cache.trim(50) == 50 and cache.offset == 150
+    assert cache.trim(1000) == 150 and cache.offset == 0 and cache.size() == 0
+
+
+def test_no_affine_routing_attributes():
+    for cache in (TurboQuantKVCache("turbo4"), TurboQuantRotatingKVCache("turbo4", 64)):
+        assert not hasattr(cache, "bits") and not hasattr(cache, "to_quantized")
+
+
+def test_uncompressed_start_keeps_first_tokens_in_fp16():
+    keys, values = kv(300)
+    cache = TurboQuantKVCache("turbo4", uncompressed_start=256)
+    out = cache.update_and_fetch(keys[:, :, :200], values[:, :, :200])
+    assert isinstance(out[0], mx.array) and cache.codec is None and cache.offset == 200
+    out, _ = cache.update_and_fetch(keys[:, :, 200:], values[:, :, 200:])
+    assert isinstance(out, TurboKV) and cache.uncompressed is None and cache.offset == 300
+    assert out.stored[0].shape[2] == 200  # the fp16 history was compressed at the switch
+
+
+@pytest.mark.parametrize("max_size, keep, chunks", [
+    (64, 0, [100, 1, 1, 1, 30, 1, 1]),
+    (64, 4, [10, 1, 1, 70, 1, 1, 1, 1, 5]),
+    (32, 4, [1] * 40 + [20, 1]),
+])
+def test_rotating_positions_match_rotating_kv_cache(max_size, keep, chunks):
+    total = sum(chunks)
+    keys, values = kv(total, D=64)
+    ref = RotatingKVCache(max_size, keep)
+    turbo = TurboQuantRotatingKVCache("turbo8", max_size, keep)
+    start = 0
+    for n in chunks:
+        k, v = keys[:, :, start:start + n], values[:, :, start:start + n]
+        start += n
+        mask_ref = ref.make_mask(n, window_size=max_size // 2)
+        mask_turbo = turbo.make_mask(n, window_size=max_size // 2)
+        _, ref_v = ref.update_and_fetch(k, v)
+        view, _ = turbo.update_and_fetch(k, v)
+        assert (turbo.offset, turbo._idx, turbo.size()) == (ref.offset, ref._idx, ref.size())
+        assert view.shape[2] == ref_v.shape[2]
+        got = view.codec.value_rotation.inverse(view.keys_and_values()[1])
+        err = mx.linalg.norm((got - ref_v).astype(mx.float32), axis=-1) / mx.linalg.norm(ref_v.astype(mx.float32), axis=-1)
+        assert err.max().item() < 0.03  # same token in every slot
+        if mask_ref is None or isinstance(mask_ref, str):
+            assert mask_turbo == mask_ref
+        else:
+            assert mx.array_equal(mask_ref, mask_turbo).item()
+
+
+def test_rotating_trim_and_trimmable():
+    keys, values = kv(40, D=64)
+    cache = fill(TurboQuantRotatingKVCache("turbo4", 64), keys, values, chunk=40)
+    assert cache.is_trimmable() and cache.trim(10) == 10 and cache.offset == 30 and cache._idx == 30
+    fill(cache, *kv(60, D=64, seed=2), chunk=60)
+    assert not cache.is_trimmable()
+
+
+def test_bad_inputs_give_clear_errors():
+    with pytest.raises(ValueError, match="no codebook for head_dim=72"):
+        TurboQuantKVCache("turbo4").update_and_fetch(*kv(4, D=72))
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        k, v = kv(4)
+        TurboQuantKVCache("turbo4").update_and_fetch(k.astype(mx.int32), v.astype(mx.int32))
+    with pytest.raises(ValueError, match="batch, kv_heads, tokens, head_dim"):
+        k, v = kv(4)
+        TurboQuantKVCache("turbo4").update_and_fetch(k, v[:, :1])
+    with pytest.raises(ValueError, match="do not match"):
+        cache = TurboQuantKVCache("turbo4")
+        cache.update_and_fetch(*kv(4))
+        cache.update_and_fetch(*kv(4, D=64))
+    with pytest.raises(ValueError, match="Did you mean turbo4"):
+        TurboQuantKVCache("turbo5")
+    with pytest.raises(ValueError, match="not 'none'"):
+        TurboQuantKVCache("none")

@@ -1,0 +1,33 @@
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_lm_turbo.rotation import Rotation, rotation
+
+
+@pytest.mark.parametrize("head_dim, dense", [(64, False), (96, False), (128, False), (256, False),
+                                             (80, True), (112, True), (160, True)])
+def test_orthogonal_and_invertible(head_dim, dense):
+    r = rotation(head_dim, 0, 5)
+    assert (r.matrix is not None) == dense
+    x = mx.random.normal((7, head_dim), key=mx.random.key(0))
+    y = r.forward(x)
+    assert mx.allclose(mx.linalg.norm(y, axis=-1), mx.linalg.norm(x, axis=-1), rtol=1e-5).item()
+    assert mx.allclose(r.inverse(y), x, atol=1e-5).item()
+    # inner products are preserved, which is what attention needs
+    assert mx.allclose(y @ y.T, x @ x.T, atol=1e-3).item()
+
+
+def test_deterministic_per_seed_and_layer():
+    x = mx.random.normal((3, 128), key=mx.random.key(1))
+    a, b = Rotation(128, 7, 2), Rotation(128, 7, 2)
+    assert mx.array_equal(a.forward(x), b.forward(x)).item()
+    assert not mx.allclose(Rotation(128, 7, 3).forward(x), a.forward(x)).item()
+    assert not mx.allclose(Rotation(128, 8, 2).forward(x), a.forward(x)).item()
+
+
+def test_spreads_an_outlier_channel():
+    x = mx.zeros((1, 128))
+    x[0, 3] = 1.0
+    y = np.array(rotation(128, 0, 0).forward(x))
+    assert np.allclose(np.abs(y), 1 / np.sqrt(128))

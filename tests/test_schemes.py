@@ -1,0 +1,45 @@
+import pytest
+
+from mlx_lm_turbo import KVScheme, parse_scheme
+from mlx_lm_turbo.schemes import valid_scheme_names
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("turbo4", KVScheme(4, 4)),
+    ("turbo3", KVScheme(3, 3)),
+    ("turbo2", KVScheme(2, 2)),
+    ("turbo8", KVScheme(8, 8)),
+    ("turbo4v2", KVScheme(4, 2)),
+    ("turbo0v4", KVScheme(0, 4)),
+    ("turbo8v4", KVScheme(8, 4)),
+    ("turbo4-compact", KVScheme(4, 4, True)),
+    (" TURBO3v4 ", KVScheme(3, 4)),
+])
+def test_valid(text, expected):
+    scheme = parse_scheme(text)
+    assert scheme == expected
+    assert parse_scheme(scheme.name) == scheme
+
+
+@pytest.mark.parametrize("text", ["none", "None", "", None])
+def test_off(text):
+    assert parse_scheme(text) is None
+
+
+@pytest.mark.parametrize("text, nearest", [
+    ("turbo5", "turbo4"), ("turbo1", "turbo2"), ("turbo0", "turbo0v4"),
+    ("turbo4v0", "turbo4v2"), ("turbo4v5", "turbo4"), ("q4", "turbo4"), ("turbo16", "turbo8"),
+])
+def test_invalid_names_nearest_and_lists_forms(text, nearest):
+    with pytest.raises(ValueError) as info:
+        parse_scheme(text)
+    message = str(info.value)
+    assert f"Did you mean {nearest}?" in message
+    assert "turbo<K>[v<V>][-compact]" in message and "'none'" in message
+
+
+def test_every_listed_name_parses():
+    names = valid_scheme_names()
+    assert len(names) == len(set(names))
+    for name in names:
+        assert parse_scheme(name).name == name
