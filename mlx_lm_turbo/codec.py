@@ -32,9 +32,9 @@ SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _FP16_MAX = 65504.0
 
 
-def default_key_calibration(key_bits: int) -> str:
-    """The calibration measured best on the real model for this key width (see README)."""
-    return "center+scale" if key_bits >= 4 else "center"
+# Measured on SmolLM2-135M at 4K context (benchmarks/key_calibration.py, README):
+# centring beat both no calibration and centring plus scaling at every key width.
+DEFAULT_KEY_CALIBRATION = "center"
 
 
 def quantize_rotated(y: mx.array, bits: int):
@@ -67,7 +67,7 @@ class TurboCodec:
             check_head_dim(key_dim)
         check_head_dim(value_dim)
         if key_calibration is None:
-            key_calibration = default_key_calibration(scheme.key_bits)
+            key_calibration = DEFAULT_KEY_CALIBRATION
         if key_calibration not in KEY_CALIBRATIONS:
             raise ValueError(
                 f"Unknown key calibration {key_calibration!r}; choose one of {KEY_CALIBRATIONS}."

@@ -79,10 +79,11 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
 
 def test_from_state_restores_scheme_seed_and_scales():
     keys, values = kv(64)
-    cache = fill(TurboQuantKVCache("turbo4", seed=11, layer=2), keys, values)
+    cache = fill(TurboQuantKVCache("turbo4", seed=11, layer=2, key_calibration="center+scale"), keys, values)
     clone = TurboQuantKVCache.from_state(cache.state)
     assert clone.codec.seed == 11 and clone.codec.layer == 2
-    assert clone.codec.key_calibration == cache.codec.key_calibration
+    assert clone.codec.key_calibration == cache.codec.key_calibration == "center+scale"
+    assert mx.array_equal(clone.codec.key_mean, cache.codec.key_mean).item()
     assert mx.array_equal(clone.codec.key_scale, cache.codec.key_scale).item()
 
 
