@@ -109,10 +109,7 @@ def convert_gguf(gguf_path, out_dir, progress=True):
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     say(f"[mlx-lm-turbo] converting {gguf_path} -> {out_dir}")
     gguf, meta = mx.load(str(gguf_path), return_metadata=True)
-    # GGUF keeps norms in float32; in float16, like the quantization scales, the
-    # activations stay half precision (CUDA's quantized matmul needs that).
-    weights = {_tensor_name(k): v.astype(mx.float16) if v.dtype == mx.float32 else v
-               for k, v in gguf.items()}
+    weights = {_tensor_name(k): v for k, v in gguf.items()}
     say(f"[mlx-lm-turbo]   {len(weights)} tensors renamed; writing weights")
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, {"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(_config(meta, weights), indent=1))
