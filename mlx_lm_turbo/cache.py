@@ -174,9 +174,27 @@ class _TurboCache:
     def _set_extra_meta(self, meta):
         pass
 
+    def _update_compressed(self, stored, exact_keys, exact_values) -> TurboKV:
+        raise NotImplementedError
+
+    def update_and_fetch(self, keys, values):
+        if not self._compressing(keys, values):
+            out = self.uncompressed.update_and_fetch(keys, values)
+            self.offset = self.uncompressed.offset
+            return out
+        view = self._update_compressed(*self.codec.encode(keys, values))
+        return view, view
+
     def _stored_slice(self):
-        """The stored arrays trimmed to what is in use, for saving."""
-        return self.stored
+        """The stored arrays without unused capacity."""
+        if self.stored is None or self.offset >= self.stored[0].shape[2]:
+            return self.stored
+        return tuple(a[..., : self.offset, :] for a in self.stored)
+
+    @staticmethod
+    def _empty_like(arrays, tokens):
+        """Zeroed arrays shaped like ``arrays`` but with ``tokens`` on the token axis."""
+        return [mx.zeros((*a.shape[:2], tokens, *a.shape[3:]), a.dtype) for a in arrays]
 
     @property
     def state(self):
@@ -228,7 +246,7 @@ class TurboQuantKVCache(_TurboCache):
         capacity = self.stored[0].shape[2] if self.stored is not None else 0
         if prev + n > capacity:
             n_steps = (self.step + n - 1) // self.step
-            grown = [mx.zeros((*a.shape[:2], n_steps * self.step, *a.shape[3:]), a.dtype) for a in new]
+            grown = self._empty_like(new, n_steps * self.step)
             if self.stored is not None:
                 grown = [mx.concatenate([s[..., :prev, :], g], axis=2) for s, g in zip(self.stored, grown)]
             self.stored = tuple(grown)
@@ -236,21 +254,10 @@ class TurboQuantKVCache(_TurboCache):
             s[..., prev : prev + n, :] = a
         self.offset += n
 
-    def update_and_fetch(self, keys, values):
-        if not self._compressing(keys, values):
-            out = self.uncompressed.update_and_fetch(keys, values)
-            self.offset = self.uncompressed.offset
-            return out
-        stored, exact_keys, exact_values = self.codec.encode(keys, values)
+    def _update_compressed(self, stored, exact_keys, exact_values):
         history = self._stored_slice() if self.offset else None
         self._store(stored)
-        view = TurboKV(self.codec, history, exact_keys, exact_values)
-        return view, view
-
-    def _stored_slice(self):
-        if self.stored is None or self.offset == self.stored[0].shape[2]:
-            return self.stored
-        return tuple(a[..., : self.offset, :] for a in self.stored)
+        return TurboKV(self.codec, history, exact_keys, exact_values)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
@@ -302,8 +309,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
         n, prev = new[0].shape[2], self.offset
         capacity = self.stored[0].shape[2] if self.stored is not None else 0
         if self.stored is None or (prev >= capacity and capacity < self.max_size):
-            size = min(self.step, self.max_size - prev)
-            grown = [mx.zeros((*a.shape[:2], size, *a.shape[3:]), a.dtype) for a in new]
+            grown = self._empty_like(new, min(self.step, self.max_size - prev))
             if self.stored is not None:
                 grown = [mx.concatenate([s, g], axis=2) for s, g in zip(self.stored, grown)]
             self.stored, self._idx = tuple(grown), prev
@@ -319,23 +325,11 @@ class TurboQuantRotatingKVCache(_TurboCache):
         self._idx += n
         return self._stored_slice()
 
-    def update_and_fetch(self, keys, values):
-        if not self._compressing(keys, values):
-            out = self.uncompressed.update_and_fetch(keys, values)
-            self.offset = self.uncompressed.offset
-            return out
-        stored, exact_keys, exact_values = self.codec.encode(keys, values)
-        if keys.shape[2] == 1:
+    def _update_compressed(self, stored, exact_keys, exact_values):
+        if exact_keys.shape[2] == 1:
             # Like RotatingKVCache: the whole ring in ring order, new token included.
-            view = TurboKV(self.codec, self._update_in_place(stored))
-        else:
-            view = TurboKV(self.codec, self._update_concat(stored), exact_keys, exact_values)
-        return view, view
-
-    def _stored_slice(self):
-        if self.stored is None or self.offset >= self.stored[0].shape[2]:
-            return self.stored
-        return tuple(a[..., : self.offset, :] for a in self.stored)
+            return TurboKV(self.codec, self._update_in_place(stored))
+        return TurboKV(self.codec, self._update_concat(stored), exact_keys, exact_values)
 
     def size(self):
         return min(self.offset, self.max_size)
