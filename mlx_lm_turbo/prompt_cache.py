@@ -1,64 +1,54 @@
-"""Building TurboQuant caches for a loaded mlx-lm model."""
+"""Building TurboQuant caches for a loaded mlx-lm model: adapter, overrides, plan."""
 
 from typing import Optional
 
 from mlx_lm.models import cache as mlx_cache
 
-from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
+from .adapters import UnsupportedModelError, model_type_of
 from .integration import install
-from .schemes import KVScheme, parse_scheme
-
-# Caches that hold no keys and values (linear attention, Mamba state): left as they are.
-STATE_CACHES = (mlx_cache.ArraysCache,)
-
-
-def boundary_scheme(scheme: KVScheme) -> KVScheme:
-    """The scheme for the first/last attention layers: 8-bit where the scheme has fewer."""
-    return KVScheme(max(scheme.key_bits, 8) if scheme.key_bits else 0,
-                    max(scheme.value_bits, 8), scheme.compact)
+from .plugins import adapter_for
+from .registry import registry
+from .schemes import parse_scheme
 
 
-def layer_schemes(n_attention_layers: int, scheme: KVScheme, boundary_skip: int):
-    """One scheme per attention layer: the first and last ``boundary_skip`` get 8 bits."""
+def plan(model, kv_scheme, *, boundary_skip: int = 2, max_kv_size: Optional[int] = None,
+         model_path: Optional[str] = None):
+    """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply."""
+    scheme = parse_scheme(kv_scheme)
+    if scheme is None:
+        raise ValueError("plan() needs a TurboQuant scheme, not 'none'.")
     if boundary_skip < 0:
         raise ValueError(f"boundary_skip must be >= 0, got {boundary_skip}.")
-    return [
-        boundary_scheme(scheme) if i < boundary_skip or i >= n_attention_layers - boundary_skip
-        else scheme
-        for i in range(n_attention_layers)
-    ]
+    model_type = model_type_of(model)
+    override = registry().resolve(model_type, model_path)
+    if "opt_out" in override:
+        raise UnsupportedModelError(
+            f"TurboQuant is turned off for model type {model_type!r} by an override "
+            f"({override['opt_out']}); run it without --kv-scheme or remove the override."
+        )
+    scheme = parse_scheme(override.get("scheme", scheme))
+    layer_schemes = {i: parse_scheme(s) for i, s in override.get("layer_schemes", {}).items()}
+    adapter = adapter_for(model)
+    caches, layers = adapter.plan(model, scheme, boundary_skip=override.get("boundary_skip", boundary_skip),
+                                  layer_schemes=layer_schemes, max_kv_size=max_kv_size)
+    return adapter, caches, layers, override
 
 
 def make_prompt_cache(model, kv_scheme, *, boundary_skip: int = 2,
                       max_kv_size: Optional[int] = None, uncompressed_start: int = 0,
-                      seed: int = 0, key_calibration: Optional[str] = None):
+                      seed: int = 0, key_calibration: Optional[str] = None,
+                      model_path: Optional[str] = None):
     """mlx-lm's ``make_prompt_cache`` with every KV cache replaced by a TurboQuant one.
 
-    Boundary layers are counted among layers that have a KV cache, so hybrid
-    models protect their first and last attention layers, not raw indices.
+    The model's adapter decides which caches are compressed; boundary layers are
+    counted among layers that have a KV cache, so hybrid models protect their
+    first and last attention layers, not raw indices. Overrides matching the
+    model type or ``model_path`` apply. ``kv_scheme="none"`` gives mlx-lm's caches.
     """
-    scheme = parse_scheme(kv_scheme)
-    caches = mlx_cache.make_prompt_cache(model, max_kv_size)
-    if scheme is None:
-        return caches
-    kv_layers = []
-    for i, c in enumerate(caches):
-        if type(c) in (mlx_cache.KVCache, mlx_cache.RotatingKVCache):
-            kv_layers.append(i)
-        elif not isinstance(c, STATE_CACHES):
-            raise ValueError(
-                f"TurboQuant cannot compress the {type(c).__name__} cache of model type "
-                f"{getattr(model, 'model_type', type(model).__name__)!r} (layer {i}); run this "
-                "model without --kv-scheme."
-            )
-    if not kv_layers:
-        raise ValueError("This model has no KV cache layers for TurboQuant to compress.")
+    if parse_scheme(kv_scheme) is None:
+        return mlx_cache.make_prompt_cache(model, max_kv_size)
+    adapter, caches, layers, _ = plan(model, kv_scheme, boundary_skip=boundary_skip,
+                                      max_kv_size=max_kv_size, model_path=model_path)
     install()
-    options = dict(seed=seed, uncompressed_start=uncompressed_start, key_calibration=key_calibration)
-    for i, layer_scheme in zip(kv_layers, layer_schemes(len(kv_layers), scheme, boundary_skip)):
-        c = caches[i]
-        if isinstance(c, mlx_cache.RotatingKVCache):
-            caches[i] = TurboQuantRotatingKVCache(layer_scheme, c.max_size, c.keep, layer=i, **options)
-        else:
-            caches[i] = TurboQuantKVCache(layer_scheme, layer=i, **options)
-    return caches
+    return adapter.build(caches, layers, seed=seed, uncompressed_start=uncompressed_start,
+                         key_calibration=key_calibration)

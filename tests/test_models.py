@@ -7,6 +7,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache, make_prompt_cache
+from mlx_lm_turbo.adapters import UnsupportedModelError
 
 
 def tiny_llama(head_dim=128, layers=6, sliding_window=None, seed=0):
@@ -103,16 +104,27 @@ def test_generate_step_chunked_prefill_keeps_only_compressed_history(monkeypatch
     assert sum(c.nbytes for c in cache) < 0.3 * sum(c.nbytes for c in fp16)
 
 
-def test_unsupported_cache_types_are_refused():
-    class LatentCache:
-        pass
-
+def fake_model(model_type, cache_class):
     class Model:
-        model_type = "deepseek_v3"
         layers = [None]
 
         def make_cache(self):
-            return [LatentCache()]
+            return [cache_class()]
 
-    with pytest.raises(ValueError, match="cannot compress the LatentCache cache of model type 'deepseek_v3'"):
-        make_prompt_cache(Model(), "turbo4")
+    model = Model()
+    model.model_type = model_type
+    return model
+
+
+def test_unknown_cache_types_are_refused():
+    class MysteryCache:
+        pass
+
+    with pytest.raises(UnsupportedModelError, match="cannot compress the MysteryCache cache of model type 'mystery'"):
+        make_prompt_cache(fake_model("mystery", MysteryCache), "turbo4")
+
+
+@pytest.mark.parametrize("model_type, why", [("deepseek_v3", "latent"), ("gemma2", "computes attention itself")])
+def test_unsupported_families_are_refused_by_name(model_type, why):
+    with pytest.raises(UnsupportedModelError, match=f"does not support model type '{model_type}'.*{why}.*without --kv-scheme"):
+        make_prompt_cache(fake_model(model_type, KVCache), "turbo4")

@@ -1,0 +1,121 @@
+"""Architecture adapters: how a model family gets TurboQuant caches.
+
+An adapter states what it supports (capability flags) and turns the caches
+mlx-lm would build into compressed ones. ``KVCacheAdapter`` covers every model
+whose caches are ``KVCache`` / ``RotatingKVCache`` (plus state caches left
+untouched) and whose attention goes through mlx-lm's
+``scaled_dot_product_attention``; the files in ``mlx_lm_turbo/models/`` declare
+which model types use it and with which flags.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from mlx_lm.models import cache as mlx_cache
+
+from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
+from .schemes import KVScheme
+
+# Caches that hold no keys and values (linear attention, Mamba state): left as they are.
+STATE_CACHES = (mlx_cache.ArraysCache,)
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot be given TurboQuant caches; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    supports_turbo_quantization: bool = True
+    supports_sliding_window: bool = True
+    supports_attention_sinks: bool = False
+    supports_kv_sharing: bool = False
+    supports_compact: bool = False  # a fused compressed-domain decode kernel honours this family
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one entry of the cache list becomes, and why."""
+
+    index: int
+    kind: str  # "kv", "rotating", "state"
+    scheme: Optional[KVScheme]
+    reason: str
+
+
+@dataclass
+class Adapter:
+    name: str
+    model_types: Tuple[str, ...]
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    refusal: str = ""  # why a family cannot be supported and what to do; may use {model_type}
+
+    def plan(self, model, scheme: KVScheme, *, boundary_skip, layer_schemes=None, max_kv_size=None):
+        """Per cache entry: compressed with which scheme, or left alone, and why."""
+        if not self.capabilities.supports_turbo_quantization:
+            raise UnsupportedModelError(self.refusal.format(model_type=model_type_of(model)))
+        if scheme.compact and not self.capabilities.supports_compact:
+            raise UnsupportedModelError(
+                f"{scheme.name} asks for the fused compressed-domain decode kernel, which "
+                f"{self.name} models cannot use: {self.capabilities.notes or 'not supported'}. "
+                f"Use {scheme.name.replace('-compact', '')} instead."
+            )
+        caches = mlx_cache.make_prompt_cache(model, max_kv_size)
+        kinds = []
+        for i, c in enumerate(caches):
+            if type(c) is mlx_cache.KVCache:
+                kinds.append("kv")
+            elif type(c) is mlx_cache.RotatingKVCache:
+                kinds.append("rotating")
+            elif isinstance(c, STATE_CACHES):
+                kinds.append("state")
+            else:
+                raise UnsupportedModelError(
+                    f"TurboQuant cannot compress the {type(c).__name__} cache of model type "
+                    f"{model_type_of(model)!r} (layer {i}); run this model without --kv-scheme."
+                )
+        attention = [i for i, k in enumerate(kinds) if k != "state"]
+        if not attention:
+            raise UnsupportedModelError(
+                f"Model type {model_type_of(model)!r} has no KV-cache layers to compress; "
+                "run it without --kv-scheme."
+            )
+        plans = []
+        for i, kind in enumerate(kinds):
+            if kind == "state":
+                plans.append(LayerPlan(i, kind, None, "recurrent state, kept as is"))
+                continue
+            rank = attention.index(i)
+            if layer_schemes and i in layer_schemes:
+                plans.append(LayerPlan(i, kind, layer_schemes[i], "per-layer override"))
+            elif rank < boundary_skip or rank >= len(attention) - boundary_skip:
+                plans.append(LayerPlan(i, kind, boundary_scheme(scheme),
+                                       f"boundary: attention layer {rank} of {len(attention)}"))
+            else:
+                plans.append(LayerPlan(i, kind, scheme, "scheme"))
+        return caches, plans
+
+    def build(self, caches, plans, **cache_options):
+        """Replace the planned entries of ``caches`` (mlx-lm's) with TurboQuant caches."""
+        for p in plans:
+            c = caches[p.index]
+            if p.scheme is None:
+                continue
+            if p.kind == "rotating":
+                caches[p.index] = TurboQuantRotatingKVCache(p.scheme, c.max_size, c.keep,
+                                                            layer=p.index, **cache_options)
+            else:
+                caches[p.index] = TurboQuantKVCache(p.scheme, layer=p.index, **cache_options)
+        return caches
+
+
+def boundary_scheme(scheme: KVScheme) -> KVScheme:
+    """The scheme for the first/last attention layers: 8-bit where the scheme has fewer."""
+    return KVScheme(max(scheme.key_bits, 8) if scheme.key_bits else 0,
+                    max(scheme.value_bits, 8), scheme.compact)
+
+
+def model_type_of(model) -> str:
+    args = getattr(model, "args", None)
+    return getattr(model, "model_type", None) or getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]

@@ -1,0 +1,1 @@
+"""Built-in architecture adapters, one file per family, each a plugin of its own."""

@@ -1,0 +1,22 @@
+"""Every ordinary model: KVCache / RotatingKVCache layers, attention through mlx-lm's
+``scaled_dot_product_attention`` (llama, qwen3, mistral, phi3, ...). Asked last, so
+any family-specific adapter takes precedence."""
+
+from ..adapters import Adapter, Capabilities
+from ..hookspecs import hookimpl
+
+ADAPTER = Adapter(
+    name="kv_cache",
+    model_types=("*",),
+    capabilities=Capabilities(notes="any model whose make_prompt_cache yields KVCache/RotatingKVCache"),
+)
+
+
+@hookimpl(trylast=True)
+def mlx_lm_turbo_adapter(model_type, model):
+    return ADAPTER
+
+
+@hookimpl
+def mlx_lm_turbo_adapters():
+    return [ADAPTER]

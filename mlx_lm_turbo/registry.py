@@ -1,0 +1,114 @@
+"""Per-model overrides: scheme, boundary skip, per-layer schemes or an opt-out,
+matched by model type or by model path / repo-id pattern.
+
+Sources, later ones winning: installed plugins (the ``mlx_lm_turbo_register_overrides``
+hook), the user's TOML file (``$MLX_LM_TURBO_OVERRIDES``, else
+``~/.config/mlx-lm-turbo/overrides.toml``), then Python (``register_override``)::
+
+    [[override]]
+    model_type = "qwen2"          # or: path = "*Qwen2.5-7B*" (a glob on the path / repo id)
+    scheme = "turbo8v4"           # replaces the requested scheme
+    boundary_skip = 4
+    layer_schemes = { 0 = "turbo8", 27 = "turbo8" }
+    # opt_out = true              # refuse --kv-scheme for these models
+"""
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Optional
+
+from .schemes import parse_scheme
+
+
+@dataclass(frozen=True)
+class Override:
+    model_type: Optional[str] = None
+    path: Optional[str] = None
+    scheme: Optional[str] = None
+    boundary_skip: Optional[int] = None
+    layer_schemes: Dict[int, str] = field(default_factory=dict)
+    opt_out: bool = False
+    source: str = "python"
+
+    def __post_init__(self):
+        if (self.model_type is None) == (self.path is None):
+            raise ValueError(f"An override ({self.source}) matches by model_type or by path: give exactly one.")
+        for s in [self.scheme, *self.layer_schemes.values()]:
+            if s is not None:
+                parse_scheme(s)  # fails now, naming the nearest valid scheme
+
+    def matches(self, model_type, model_path):
+        if self.model_type is not None:
+            return self.model_type == model_type
+        return model_path is not None and fnmatch.fnmatch(str(model_path), self.path)
+
+
+class OverrideRegistry:
+    def __init__(self):
+        self.overrides = []
+
+    def add(self, **fields):
+        layer_schemes = {int(k): v for k, v in (fields.pop("layer_schemes", None) or {}).items()}
+        self.overrides.append(Override(layer_schemes=layer_schemes, **fields))
+
+    def resolve(self, model_type, model_path=None) -> dict:
+        """The merged settings of every matching override, later ones winning, with sources."""
+        merged = {"sources": []}
+        for o in self.overrides:
+            if not o.matches(model_type, model_path):
+                continue
+            merged["sources"].append(o.source)
+            for name in ("scheme", "boundary_skip"):
+                if getattr(o, name) is not None:
+                    merged[name] = getattr(o, name)
+            if o.layer_schemes:
+                merged.setdefault("layer_schemes", {}).update(o.layer_schemes)
+            if o.opt_out:
+                merged["opt_out"] = o.source
+        return merged
+
+
+def user_overrides_file() -> Path:
+    if os.environ.get("MLX_LM_TURBO_OVERRIDES"):
+        return Path(os.environ["MLX_LM_TURBO_OVERRIDES"])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "mlx-lm-turbo" / "overrides.toml"
+
+
+def _load_toml(registry, path):
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Cannot read mlx-lm-turbo overrides file {path}: {error}") from None
+    for i, entry in enumerate(data.get("override", [])):
+        try:
+            registry.add(source=f"{path} [override {i}]", **entry)
+        except TypeError as error:
+            raise ValueError(f"Bad entry {i} in {path}: {error}") from None
+
+
+@lru_cache(maxsize=None)
+def registry() -> OverrideRegistry:
+    from .plugins import _call_each
+
+    reg = OverrideRegistry()
+    for _ in _call_each("mlx_lm_turbo_register_overrides", registry=reg):
+        pass
+    path = user_overrides_file()
+    if path.exists():
+        _load_toml(reg, path)
+    return reg
+
+
+def register_override(*, model_type=None, path=None, scheme=None, boundary_skip=None,
+                      layer_schemes=None, opt_out=False):
+    """Add an override from Python; it wins over plugins and the TOML file."""
+    registry().add(model_type=model_type, path=path, scheme=scheme, boundary_skip=boundary_skip,
+                   layer_schemes=layer_schemes, opt_out=opt_out, source="python")
