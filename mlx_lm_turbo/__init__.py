@@ -1,10 +1,22 @@
-"""TurboQuant KV-cache compression for mlx-lm."""
+"""TurboQuant KV-cache compression for mlx-lm.
 
-from .cache import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
-from .prompt_cache import make_prompt_cache
-from .schemes import KVScheme, parse_scheme
+Names load on first use, so the start-up hook that attaches the plugin to
+mlx-lm does not pay for what a command never touches.
+"""
 
-__all__ = [
-    "KVScheme", "TurboKV", "TurboQuantKVCache", "TurboQuantRotatingKVCache",
-    "make_prompt_cache", "parse_scheme",
-]
+import importlib
+
+_EXPORTS = {
+    "KVScheme": ".schemes", "parse_scheme": ".schemes",
+    "TurboKV": ".cache", "TurboQuantKVCache": ".cache", "TurboQuantRotatingKVCache": ".cache",
+    "make_prompt_cache": ".prompt_cache", "plan": ".prompt_cache",
+    "register_override": ".registry", "UnsupportedModelError": ".errors",
+    "hookimpl": ".hookspecs",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

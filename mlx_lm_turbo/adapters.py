@@ -14,14 +14,11 @@ from typing import Optional, Tuple
 from mlx_lm.models import cache as mlx_cache
 
 from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
+from .errors import UnsupportedModelError
 from .schemes import KVScheme
 
 # Caches that hold no keys and values (linear attention, Mamba state): left as they are.
 STATE_CACHES = (mlx_cache.ArraysCache,)
-
-
-class UnsupportedModelError(ValueError):
-    """The model cannot be given TurboQuant caches; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Adapter:
                 f"{self.name} models cannot use: {self.capabilities.notes or 'not supported'}. "
                 f"Use {scheme.name.replace('-compact', '')} instead."
             )
-        caches = mlx_cache.make_prompt_cache(model, max_kv_size)
+        caches = mlx_make_prompt_cache(model, max_kv_size)
         kinds = []
         for i, c in enumerate(caches):
             if type(c) is mlx_cache.KVCache:
@@ -108,6 +105,12 @@ class Adapter:
             else:
                 caches[p.index] = TurboQuantKVCache(p.scheme, layer=p.index, **cache_options)
         return caches
+
+
+def mlx_make_prompt_cache(model, max_kv_size=None):
+    """mlx-lm's own ``make_prompt_cache``, even once the plugin has wrapped it."""
+    make = mlx_cache.make_prompt_cache
+    return getattr(make, "turbo_original", make)(model, max_kv_size)
 
 
 def boundary_scheme(scheme: KVScheme) -> KVScheme:

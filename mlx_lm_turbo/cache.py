@@ -55,6 +55,14 @@ class TurboKV:
         return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
 
 
+def _install_attention_dispatch():
+    # Whatever built this cache (make_prompt_cache, a loaded file, user code),
+    # mlx-lm's attention must route TurboKV to the turbo path before it is used.
+    from .integration import install_attention_dispatch
+
+    install_attention_dispatch()
+
+
 def _check_keys_values(keys, values):
     if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
         raise TypeError("TurboQuant caches take mx.array keys and values.")
@@ -108,6 +116,7 @@ class _TurboCache:
                 self.uncompressed = self._make_uncompressed()
             return False
         history = self._uncompressed_history() if self.uncompressed is not None else None
+        _install_attention_dispatch()
         self.codec = TurboCodec(
             self.scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
             n_kv_heads=keys.shape[1], dtype=keys.dtype, seed=self.seed, layer=self.layer,
@@ -214,6 +223,7 @@ class _TurboCache:
         self.meta_state = (meta,)
         self.codec, self.stored, self.uncompressed = None, None, None
         if self._codec_meta is not None:  # compressed
+            _install_attention_dispatch()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
             self.stored = tuple(arrays) if arrays else None
         elif arrays:

@@ -7,7 +7,8 @@ from importlib.metadata import entry_points
 import pluggy
 
 from . import hookspecs
-from .adapters import UnsupportedModelError, model_type_of
+from .adapters import model_type_of
+from .errors import UnsupportedModelError
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 BUILTIN_PLUGINS = {  # mirrored in pyproject.toml's entry points

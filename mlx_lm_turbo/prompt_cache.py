@@ -2,9 +2,8 @@
 
 from typing import Optional
 
-from mlx_lm.models import cache as mlx_cache
-
-from .adapters import UnsupportedModelError, model_type_of
+from .adapters import mlx_make_prompt_cache, model_type_of
+from .errors import UnsupportedModelError
 from .integration import install
 from .plugins import adapter_for
 from .registry import registry
@@ -46,7 +45,7 @@ def make_prompt_cache(model, kv_scheme, *, boundary_skip: int = 2,
     model type or ``model_path`` apply. ``kv_scheme="none"`` gives mlx-lm's caches.
     """
     if parse_scheme(kv_scheme) is None:
-        return mlx_cache.make_prompt_cache(model, max_kv_size)
+        return mlx_make_prompt_cache(model, max_kv_size)
     adapter, caches, layers, _ = plan(model, kv_scheme, boundary_skip=boundary_skip,
                                       max_kv_size=max_kv_size, model_path=model_path)
     install()

@@ -7,7 +7,7 @@ from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache, make_prompt_cache
-from mlx_lm_turbo.adapters import UnsupportedModelError
+from mlx_lm_turbo.errors import UnsupportedModelError
 
 
 def tiny_llama(head_dim=128, layers=6, sliding_window=None, seed=0):

@@ -1,0 +1,79 @@
+"""What the plugin does as each of mlx-lm's modules finishes loading.
+
+- ``mlx_lm.models.cache``: route ``make_prompt_cache`` through the plugin, and
+  have ``load_prompt_cache`` register the turbo cache classes before reading a
+  file. The commands import both names from there, so they all get them; with
+  no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
+
+Only light modules are imported here: the codec loads when a scheme is used.
+- the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
+- ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
+"""
+
+import functools
+import sys
+
+from . import settings
+from .errors import UnsupportedModelError
+
+COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
+
+
+def make_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def make_prompt_cache(model, max_kv_size=None):
+        active = settings.active
+        if active is None:
+            return original(model, max_kv_size)
+        from .prompt_cache import make_prompt_cache as turbo_make_prompt_cache
+
+        return turbo_make_prompt_cache(
+            model, active.scheme, boundary_skip=active.boundary_skip, max_kv_size=max_kv_size,
+            uncompressed_start=active.uncompressed_start, model_path=active.model_path,
+        )
+
+    make_prompt_cache.turbo_original = original
+    return make_prompt_cache
+
+
+def load_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def load_prompt_cache(*args, **kwargs):
+        from .integration import register_cache_classes
+
+        register_cache_classes()
+        return original(*args, **kwargs)
+
+    return load_prompt_cache
+
+
+def main_with_plugin(original):
+    @functools.wraps(original)
+    def main(*args, **kwargs):
+        from .cli_options import options_on_first_parser
+
+        try:
+            with options_on_first_parser():
+                return original(*args, **kwargs)
+        except UnsupportedModelError as error:
+            print(f"mlx-lm-turbo: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        finally:
+            settings.active = None
+
+    main.turbo_original = original
+    return main
+
+
+def attach(module):
+    name = module.__name__
+    if name == "mlx_lm.models.cache":
+        module.make_prompt_cache = make_prompt_cache_with_plugin(module.make_prompt_cache)
+        module.load_prompt_cache = load_prompt_cache_with_plugin(module.load_prompt_cache)
+        return
+    if name.rsplit(".", 1)[-1] in COMMANDS and hasattr(module, "main"):
+        module.main = main_with_plugin(module.main)
+    if name == "mlx_lm.perplexity":
+        from .perplexity import eval_ppl_with_plugin
+
+        module.eval_ppl = eval_ppl_with_plugin(module.eval_ppl)
