@@ -27,13 +27,34 @@ def make_prompt_cache_with_plugin(original):
             return original(model, max_kv_size)
         from .prompt_cache import make_prompt_cache as turbo_make_prompt_cache
 
-        return turbo_make_prompt_cache(
+        caches = turbo_make_prompt_cache(
             model, active.scheme, boundary_skip=active.boundary_skip, max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start, model_path=active.model_path,
         )
+        _announce(model, caches)
+        return caches
 
     make_prompt_cache.turbo_original = original
     return make_prompt_cache
+
+
+_announced = set()
+
+
+def _announce(model, caches):
+    """Say once per model, on stderr, what was compressed: a scheme is never silently unused."""
+    if id(model) in _announced:
+        return
+    _announced.add(id(model))
+    from collections import Counter
+
+    from .adapters import model_type_of
+
+    schemes = Counter(c.scheme.name for c in caches if hasattr(c, "codec"))
+    kept = len(caches) - sum(schemes.values())
+    summary = ", ".join(f"{n} x {s}" for s, n in schemes.items())
+    print(f"[mlx-lm-turbo] {model_type_of(model)}: KV caches {summary}"
+          + (f"; {kept} state caches kept as they are" if kept else ""), file=sys.stderr)
 
 
 def load_prompt_cache_with_plugin(original):

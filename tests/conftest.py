@@ -22,3 +22,21 @@ def outlier_keys(shape, seed=0, outlier_channels=4, bias=8.0):
 @pytest.fixture
 def rel_err():
     return relative_error
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    from mlx_lm_turbo.gguf import convert_gguf
+    from test_gguf_and_demo import write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("tokenizer")
+    return convert_gguf(write_tiny_gguf(root / "tiny.gguf", layers=1), root / "model", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
+    """tiny_model(name) -> path of a tiny random-weight model directory of that architecture."""
+    from tiny_models import build_model_dir
+
+    root = tmp_path_factory.mktemp("models")
+    return lambda name: build_model_dir(name, root, tiny_tokenizer_dir)

@@ -1,0 +1,158 @@
+"""mlx-lm's own console scripts with the plugin auto-loaded (subprocesses)."""
+
+import copy
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load, stream_generate
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from mlx_lm_turbo import make_prompt_cache
+from tiny_models import ARCHITECTURES
+
+BIN = Path(sys.executable).parent
+SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo0v4")
+
+
+def run(command, *args, env=None, stdin=None, timeout=240):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+    full_env.update(env or {})
+    return subprocess.run([str(BIN / command), *map(str, args)], capture_output=True, text=True,
+                          env=full_env, input=stdin, timeout=timeout)
+
+
+def model_type(path):
+    import json
+
+    return json.loads((Path(path) / "config.json").read_text())["model_type"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_generate_every_architecture(arch, scheme, tiny_model):
+    path = tiny_model(arch)
+    result = run("mlx_lm.generate", "--model", path, "--prompt", "hello there", "--max-tokens", 6,
+                 "--kv-scheme", scheme, "--turbo-boundary-skip", 1)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"[mlx-lm-turbo] {model_type(path)}: KV caches" in result.stderr
+    assert "Generation: " in result.stdout
+
+
+def test_mlx_lm_subcommand_form_and_env_default(tiny_model):
+    result = run("mlx_lm", "generate", "--model", tiny_model("llama"), "--prompt", "hi", "--max-tokens", 4,
+                 env={"MLX_LM_TURBO_KV_SCHEME": "turbo3"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "KV caches 4 x turbo8, 2 x turbo3" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "cache_prompt", "server", "benchmark", "perplexity"])
+def test_help_shows_the_options(command):
+    result = run(f"mlx_lm.{command}", "--help")
+    assert result.returncode == 0
+    for option in ("--kv-scheme", "--turbo-boundary-skip", "--turbo-uncompressed-start"):
+        assert option in result.stdout
+
+
+def test_bad_scheme_is_a_usage_error(tiny_model):
+    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo5")
+    assert result.returncode == 2
+    assert "Unknown KV scheme 'turbo5'. Did you mean turbo4?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_kv_bits_conflict_is_a_usage_error(tiny_model):
+    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
+                 "--kv-scheme", "turbo4", "--kv-bits", 4)
+    assert result.returncode == 2 and "--kv-scheme and --kv-bits" in result.stderr
+
+
+def test_opted_out_model_is_refused_clearly(tiny_model, tmp_path):
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text('[[override]]\nmodel_type = "llama"\nopt_out = true\n')
+    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
+                 env={"MLX_LM_TURBO_OVERRIDES": str(overrides)})
+    assert result.returncode == 2
+    assert "turned off for model type 'llama' by an override" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_chat_with_scripted_input(tiny_model):
+    result = run("mlx_lm.chat", "--model", tiny_model("qwen3"), "--max-tokens", 5, "--kv-scheme", "turbo4",
+                 stdin="hello\nr\nagain\nq\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[mlx-lm-turbo] qwen3: KV caches" in result.stderr
+
+
+def test_benchmark(tiny_model):
+    result = run("mlx_lm.benchmark", "--model", tiny_model("llama"), "-p", 32, "-g", 8, "-n", 1,
+                 "--kv-scheme", "turbo4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[mlx-lm-turbo] llama: KV caches" in result.stderr
+
+
+def test_cache_prompt_file_is_small_and_generate_continues_from_it(tiny_model, tmp_path):
+    path = tiny_model("llama")
+    prompt = " ".join(["hello there"] * 120)
+    files = {}
+    for scheme in ("turbo4", "none"):
+        files[scheme] = tmp_path / f"{scheme}.safetensors"
+        result = run("mlx_lm.cache_prompt", "--model", path, "--prompt", prompt, "--prompt-cache-file",
+                     files[scheme], "--kv-scheme", scheme, "--turbo-boundary-skip", 0)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert files["turbo4"].stat().st_size <= 0.3 * files["none"].stat().st_size
+    # generate needs no --kv-scheme to read a turbo file
+    result = run("mlx_lm.generate", "--model", path, "--prompt-cache-file", files["turbo4"],
+                 "--prompt", "and", "--max-tokens", 5)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_saved_cache_continues_exactly_like_the_one_in_memory(tiny_model, tmp_path):
+    model, tokenizer = load(str(tiny_model("llama")))
+    cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
+    prompt = tokenizer.encode(" ".join(["hello there"] * 60))
+    for _ in stream_generate(model, tokenizer, prompt, max_tokens=1, prompt_cache=cache):
+        pass
+    save_prompt_cache(str(tmp_path / "c.safetensors"), cache)
+
+    def continuation(c):
+        return [r.token for r in stream_generate(model, tokenizer, tokenizer.encode(" and"), max_tokens=8, prompt_cache=c)]
+
+    assert continuation(copy.deepcopy(cache)) == continuation(load_prompt_cache(str(tmp_path / "c.safetensors")))
+
+
+def _mask_timings(text):
+    return re.sub(r"[0-9.]+ (tokens-per-sec|GB)", "N", text)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+def test_without_kv_scheme_output_is_identical_to_plain_mlx_lm(arch, tiny_model):
+    args = ("mlx_lm.generate", "--model", tiny_model(arch), "--prompt", "hello", "--max-tokens", 8)
+    with_plugin = run(*args)
+    without = run(*args, env={"MLX_LM_TURBO_DISABLE": "1"})
+    assert with_plugin.returncode == without.returncode == 0
+    assert _mask_timings(with_plugin.stdout) == _mask_timings(without.stdout)
+    assert "mlx-lm-turbo" not in with_plugin.stderr
+    disabled_help = run("mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "1"})
+    assert "--kv-scheme" not in disabled_help.stdout
+
+
+def test_perplexity_runs_through_the_compressed_cache(tiny_model, monkeypatch, capsys):
+    import mlx_lm.perplexity as perplexity
+
+    data = mx.random.randint(3, 262, (2, 96), key=mx.random.key(1))
+    monkeypatch.setattr(perplexity, "load_data", lambda *a, **k: data)
+    results = {}
+    for scheme in ("none", "turbo8", "turbo2"):
+        monkeypatch.setattr(sys, "argv", ["mlx_lm.perplexity", "--model", str(tiny_model("llama")),
+                                          "--kv-scheme", scheme, "--turbo-boundary-skip", "0", "--batch-size", "2"])
+        perplexity.main()
+        out = capsys.readouterr().out
+        results[scheme] = float(re.search(r"Perplexity: ([0-9.]+)", out).group(1))
+        assert ("evaluating through" in out) == (scheme != "none")
+    assert results["turbo8"] == pytest.approx(results["none"], rel=1e-2)
+    assert results["turbo2"] != results["none"]
