@@ -1,8 +1,8 @@
-"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo demo [...]``."""
+"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,doctor} [...]``."""
 
 import sys
 
-COMMANDS = {"demo": "mlx_lm_turbo.demo"}
+COMMANDS = {"demo": "mlx_lm_turbo.demo", "doctor": "mlx_lm_turbo.doctor"}
 
 
 def main(argv=None):
