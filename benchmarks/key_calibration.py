@@ -17,41 +17,19 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
-from mlx_lm.models.cache import KVCache, make_prompt_cache as mlx_make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import make_prompt_cache
 from mlx_lm_turbo.codec import KEY_CALIBRATIONS
 from mlx_lm_turbo.gguf import demo_model_path
-from mlx_lm_turbo.quality import compare, teacher_forced_logprobs
+from mlx_lm_turbo.bench import BOOK as TEXT
+from mlx_lm_turbo.quality import affine_after_prefill, compare, teacher_forced_logprobs
 
-TEXT = Path(__file__).resolve().parent / "data" / "pride-and-prejudice.txt"
 
-
-class AffineRoundTripCache(KVCache):
-    """Keys and values as mlx-lm's QuantizedKVCache stores them (affine, group 64),
-    dequantized for fp16 attention: its quantized matmul has no CUDA kernel for
-    every shape, and this runs on every backend with the same quantization error."""
-
-    def __init__(self, bits, group_size=64):
-        super().__init__()
-        self.quant = dict(bits=bits, group_size=group_size)
-
-    def _round_trip(self, x):
-        return mx.dequantize(*mx.quantize(x, **self.quant), **self.quant).astype(x.dtype)
-
-    def update_and_fetch(self, keys, values):
-        return super().update_and_fetch(self._round_trip(keys), self._round_trip(values))
 
 
 def affine_logprobs(model, tokens, prefill, bits):
-    # As --kv-bits runs: the prompt is prefilled in fp16, then the cache is quantized.
-    def quantize(cache):
-        quantized = [AffineRoundTripCache(bits) for _ in cache]
-        for q, c in zip(quantized, cache):
-            q.update_and_fetch(*c.keys_and_values())
-        return quantized
-
-    return teacher_forced_logprobs(model, tokens, mlx_make_prompt_cache(model), prefill, quantize)
+    return teacher_forced_logprobs(model, tokens, mlx_make_prompt_cache(model), prefill, affine_after_prefill(bits))
 
 
 def main():

@@ -1,8 +1,8 @@
-"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,doctor} [...]``."""
+"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,bench,doctor} [...]``."""
 
 import sys
 
-COMMANDS = {"demo": "mlx_lm_turbo.demo", "doctor": "mlx_lm_turbo.doctor"}
+COMMANDS = {"demo": "mlx_lm_turbo.demo", "bench": "mlx_lm_turbo.bench", "doctor": "mlx_lm_turbo.doctor"}
 
 
 def main(argv=None):

@@ -1,0 +1,309 @@
+"""``mlx-lm-turbo bench``: quality, memory and speed of KV caches on a real model.
+
+For every cache it measures, side by side in one run against an fp16 cache:
+bits per value and KV bytes per token; KL divergence of next-token
+distributions, perplexity and top-1 agreement (a book slice of each context
+length prefilled, then decoded one token at a time, teacher-forced); needle
+retrieval at several depths and context lengths; prefill and decode speed as
+ratios to fp16; and peak memory while prefilling the longest context. It writes
+results.json, results.md, kl_vs_bits.png and memory_vs_context.png.
+
+The affine rows are mlx-lm's ``--kv-bits`` quantization (group 64) applied after
+an fp16 prefill, attended in dequantized form (same error; runs on every
+backend), so their memory is computed from their storage format, not measured.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from .quality import affine_after_prefill, compare, teacher_forced_logprobs
+
+BOOK = Path(__file__).with_name("data") / "pride-and-prejudice.txt"
+DEFAULT_CACHES = ("fp16", "affine8", "affine4", "affine3", "affine2", "turbo8", "turbo4", "turbo3",
+                  "turbo2", "turbo4v2", "turbo4v3", "turbo8v4", "turbo0v4", "turbo0v2")
+AFFINE_GROUP = 64
+NEEDLE = "The secret passphrase is {word}."
+NEEDLE_WORDS = ("tangerine", "lighthouse", "marmalade", "saxophone", "avalanche", "porcupine")
+QUESTION = "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
+
+
+def say(message):
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def book_tokens(tokenizer, n):
+    text = BOOK.read_text()
+    start = len(text) // 10  # past the front matter
+    tokens = tokenizer.encode(text[start:start + 8 * n], add_special_tokens=False)
+    if len(tokens) < n:
+        raise ValueError(f"The book has fewer than {n} tokens after its front matter.")
+    return mx.array(tokens[:n])
+
+
+class CacheKind:
+    """One row of the benchmark: how to build the cache, and what it stores per value."""
+
+    def __init__(self, name, boundary_skip):
+        from .schemes import parse_scheme
+
+        self.name, self.boundary_skip = name, boundary_skip
+        self.affine_bits = int(name[6:]) if name.startswith("affine") else None
+        self.scheme = None if name == "fp16" or self.affine_bits else parse_scheme(name)
+
+    def make(self, model):
+        from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
+
+        from .prompt_cache import make_prompt_cache
+
+        if self.scheme is None:
+            return mlx_make_prompt_cache(model)
+        return make_prompt_cache(model, self.scheme, boundary_skip=self.boundary_skip)
+
+    @property
+    def after_prefill(self):
+        return affine_after_prefill(self.affine_bits, AFFINE_GROUP) if self.affine_bits else None
+
+    def bits_per_value(self, cache, dtype_bits):
+        if self.affine_bits:
+            return self.affine_bits + 2 * 16 / AFFINE_GROUP  # fp16 scale and bias per group
+        if self.scheme is None:
+            return dtype_bits
+        stored = values = 0
+        for c in cache:
+            if hasattr(c, "codec"):
+                arrays = c._stored_slice()
+                stored += sum(a.nbytes for a in arrays)
+                values += c.offset * arrays[0].shape[0] * c.codec.n_kv_heads * (c.codec.key_dim + c.codec.value_dim)
+        return 8 * stored / values
+
+
+def values_per_token(model, dtype):
+    """K and V values one token adds across all KV layers, read off an fp16 cache."""
+    from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
+
+    cache = mlx_make_prompt_cache(model)
+    model(mx.array([[1, 2]]), cache=cache)
+    return sum((c.keys.shape[1] * (c.keys.shape[3] + c.values.shape[3])) for c in cache
+               if getattr(c, "keys", None) is not None)
+
+
+def needle_prompt(tokenizer, context, depth, word):
+    haystack = book_tokens(tokenizer, max(context - 80, 16)).tolist()
+    at = int(depth * len(haystack))
+    needle = tokenizer.encode(" " + NEEDLE.format(word=word) + " ", add_special_tokens=False)
+    text = tokenizer.decode(haystack[:at] + needle + haystack[at:])
+    messages = [{"role": "user", "content": f"{text}\n\n{QUESTION}"}]
+    if tokenizer.chat_template is not None:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return tokenizer.encode(messages[0]["content"])
+
+
+def retrieve(model, tokenizer, kind, prompt, word, max_tokens=12):
+    from mlx_lm import stream_generate
+
+    cache = kind.make(model)
+    if kind.affine_bits:  # prefill in fp16, then quantize, as --kv-bits does
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        cache = kind.after_prefill(cache)
+        prompt = prompt[-1:]
+    text = "".join(r.text for r in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens,
+                                                   prompt_cache=cache))
+    return word in text.lower()
+
+
+def peak_prefill_memory(model, kind, tokens, chunk=512):
+    """Peak memory above what was in use before, prefilling ``tokens`` in chunks."""
+    cache = kind.make(model)
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    for start in range(0, tokens.size, chunk):
+        model(tokens[None, start:start + chunk], cache=cache)
+        mx.eval([c.state for c in cache])
+    return mx.get_peak_memory() - base
+
+
+def run(args):
+    from mlx_lm import load
+
+    from .gguf import demo_model_path
+
+    model_path = args.model or str(demo_model_path())
+    model, tokenizer = load(model_path)
+    if args.dtype != "model":
+        model.set_dtype(getattr(mx, args.dtype))
+    dtype = next(iter(p.dtype for _, p in __import__("mlx.utils", fromlist=["tree_flatten"]).tree_flatten(model.parameters())
+                      if p.dtype in (mx.float16, mx.bfloat16, mx.float32)))
+    kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
+    if kinds[0].name != "fp16":
+        raise SystemExit("--caches must start with fp16: every ratio is measured against it.")
+    per_token = values_per_token(model, dtype)
+    results = {"model": model_path, "device": str(mx.default_device()), "dtype": str(dtype).split(".")[-1],
+               "decode_steps": args.decode, "boundary_skip": args.boundary_skip, "rows": []}
+    started = time.perf_counter()
+    for context in args.contexts:
+        tokens = book_tokens(tokenizer, context + args.decode)
+        targets = tokens[context:]
+        reference = None
+        for kind in kinds:
+            timings = {}
+            cache = kind.make(model)
+            logprobs = teacher_forced_logprobs(model, tokens, cache, context, kind.after_prefill, timings)
+            if reference is None:
+                reference, ref_timings = logprobs, timings
+            row = {"cache": kind.name, "context": context, **compare(reference, logprobs, targets),
+                   "bits_per_value": kind.bits_per_value(cache, 8 * dtype.size),
+                   "prefill_speed_vs_fp16": ref_timings["prefill_seconds"] / timings["prefill_seconds"],
+                   "decode_speed_vs_fp16": ref_timings["decode_seconds"] / timings["decode_seconds"]}
+            row["kv_bytes_per_token"] = row["bits_per_value"] / 8 * per_token
+            results["rows"].append(row)
+            say(f"{context:>6} tokens  {kind.name:<9} KL {row['kl']:.4f}  top-1 {row['top1']:.3f}  "
+                f"ppl {row['ppl']:.2f}  ({time.perf_counter() - started:.0f}s)")
+
+    results["needle"] = []
+    for context in args.needle_contexts:
+        for i, depth in enumerate(args.needle_depths):
+            word = NEEDLE_WORDS[i % len(NEEDLE_WORDS)]
+            prompt = needle_prompt(tokenizer, context, depth, word)
+            for kind in kinds:
+                found = retrieve(model, tokenizer, kind, prompt, word)
+                results["needle"].append({"cache": kind.name, "context": context, "depth": depth, "found": found})
+            say(f"needle {context} tokens at depth {depth:.2f}: "
+                + " ".join(f"{k.name}={'Y' if r['found'] else 'n'}" for k, r in zip(kinds, results["needle"][-len(kinds):])))
+
+    results["peak_memory"] = []
+    if args.memory_context:
+        tokens = book_tokens(tokenizer, args.memory_context)
+        for kind in kinds:
+            if kind.affine_bits:
+                continue
+            peak = peak_prefill_memory(model, kind, tokens)
+            results["peak_memory"].append({"cache": kind.name, "context": args.memory_context, "bytes": peak})
+            say(f"peak memory prefilling {args.memory_context} tokens, {kind.name}: {peak / 2**20:.1f} MiB")
+    results["values_per_token"] = per_token
+    return results
+
+
+def _fmt_needle(results, name):
+    hits = [r["found"] for r in results["needle"] if r["cache"] == name]
+    return f"{sum(hits)}/{len(hits)}" if hits else "-"
+
+
+def markdown(results):
+    lines = [f"Model `{results['model']}` on {results['device']}, {results['dtype']} weights; "
+             f"{results['decode_steps']} teacher-forced decode steps after each context; "
+             f"boundary skip {results['boundary_skip']}.", ""]
+    contexts = sorted({r["context"] for r in results["rows"]})
+    header = "| cache | bits/value | KV bytes/token |"
+    for c in contexts:
+        header += f" KL @{c} | top-1 @{c} | ppl @{c} |"
+    header += " needle | prefill vs fp16 | decode vs fp16 |"
+    lines += [header, "|---" * (header.count("|") - 1) + "|"]
+    names = list(dict.fromkeys(r["cache"] for r in results["rows"]))
+    for name in names:
+        rows = {r["context"]: r for r in results["rows"] if r["cache"] == name}
+        last = rows[contexts[-1]]
+        line = f"| {name} | {last['bits_per_value']:.3f} | {last['kv_bytes_per_token']:.0f} |"
+        for c in contexts:
+            line += f" {rows[c]['kl']:.4f} | {rows[c]['top1']:.3f} | {rows[c]['ppl']:.2f} |"
+        line += (f" {_fmt_needle(results, name)} | {last['prefill_speed_vs_fp16']:.2f}x |"
+                 f" {last['decode_speed_vs_fp16']:.2f}x |")
+        lines.append(line)
+    if results["peak_memory"]:
+        fp16 = next(m["bytes"] for m in results["peak_memory"] if m["cache"] == "fp16")
+        lines += ["", f"Peak memory above the model while prefilling {results['peak_memory'][0]['context']} tokens:", "",
+                  "| cache | peak (MiB) | vs fp16 |", "|---|---:|---:|"]
+        lines += [f"| {m['cache']} | {m['bytes'] / 2**20:.1f} | {m['bytes'] / fp16:.2f}x |" for m in results["peak_memory"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results, out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    context = max(r["context"] for r in results["rows"])
+    rows = [r for r in results["rows"] if r["context"] == context and r["cache"] != "fp16"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for family, marker in (("turbo", "o"), ("affine", "s")):
+        pts = sorted((r["bits_per_value"], max(r["kl"], 1e-6), r["cache"]) for r in rows if r["cache"].startswith(family))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="-" if family == "affine" else "",
+                    label=f"{family} (mlx-lm --kv-bits)" if family == "affine" else "TurboQuant")
+            for x, y, name in pts:
+                ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("bits per value")
+    ax.set_ylabel(f"KL vs fp16 cache (nats/token), {context}-token context")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "kl_vs_bits.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lengths = [2**k for k in range(10, 18)]
+    per_row = {r["cache"]: r["kv_bytes_per_token"] for r in results["rows"] if r["context"] == context}
+    for name in ("fp16", "affine8", "affine4", "turbo8", "turbo4", "turbo3", "turbo2"):
+        if name in per_row:
+            ax.plot(lengths, [per_row[name] * n / 2**30 for n in lengths], marker=".", label=name)
+    for m in results["peak_memory"]:
+        ax.scatter([m["context"]], [m["bytes"] / 2**30], marker="x", color="black")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("KV cache (GiB); x = measured peak prefill memory")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "memory_vs_context.png", dpi=120)
+    plt.close(fig)
+
+
+def write(results, out_dir):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "results.md").write_text(markdown(results))
+    try:
+        plots(results, out_dir)
+    except ImportError:
+        say('matplotlib is not installed: no plots (pip install "mlx-lm-turbo[bench]")')
+    say(f"wrote {out_dir}/results.json, results.md and plots")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="mlx-lm-turbo bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="mlx-lm model directory (default: the embedded demo model)")
+    parser.add_argument("--caches", nargs="+", default=list(DEFAULT_CACHES),
+                        help="fp16 first, then affine<bits> and turbo schemes")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--decode", type=int, default=256, help="teacher-forced decode steps per context")
+    parser.add_argument("--needle-contexts", type=int, nargs="*", default=[1024, 4096])
+    parser.add_argument("--needle-depths", type=float, nargs="*", default=[0.1, 0.5, 0.9])
+    parser.add_argument("--memory-context", type=int, default=8192, help="0 to skip the peak-memory runs")
+    parser.add_argument("--boundary-skip", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "model", "float16", "bfloat16", "float32"],
+                        help="activations' dtype; auto: float16 on a GPU, the model's own on CPU")
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--from-json", help="only rewrite the table and plots from an earlier results.json")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    if args.from_json:
+        write(json.loads(Path(args.from_json).read_text()), out_dir)
+        return 0
+    for name in args.caches:
+        CacheKind(name, args.boundary_skip)  # a bad name fails before the model loads
+    if args.dtype == "auto":
+        args.dtype = "float16" if mx.default_device() == mx.gpu else "model"
+    results = run(args)
+    write(results, out_dir)
+    print(markdown(results))
+    return 0
