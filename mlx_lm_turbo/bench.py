@@ -129,7 +129,7 @@ def peak_prefill_memory(model, kind, tokens, chunk=512):
     return mx.get_peak_memory() - base
 
 
-def run(args):
+def run(args, checkpoint=lambda results: None):
     from mlx_lm import load
 
     from .gguf import demo_model_path
@@ -165,8 +165,9 @@ def run(args):
             results["rows"].append(row)
             say(f"{context:>6} tokens  {kind.name:<9} KL {row['kl']:.4f}  top-1 {row['top1']:.3f}  "
                 f"ppl {row['ppl']:.2f}  ({time.perf_counter() - started:.0f}s)")
+            checkpoint(results)
 
-    results["needle"] = []
+    results["needle"], results["peak_memory"] = [], []
     for context in args.needle_contexts:
         for i, depth in enumerate(args.needle_depths):
             word = NEEDLE_WORDS[i % len(NEEDLE_WORDS)]
@@ -174,10 +175,10 @@ def run(args):
             for kind in kinds:
                 found = retrieve(model, tokenizer, kind, prompt, word)
                 results["needle"].append({"cache": kind.name, "context": context, "depth": depth, "found": found})
+            checkpoint(results)
             say(f"needle {context} tokens at depth {depth:.2f}: "
                 + " ".join(f"{k.name}={'Y' if r['found'] else 'n'}" for k, r in zip(kinds, results["needle"][-len(kinds):])))
 
-    results["peak_memory"] = []
     if args.memory_context:
         tokens = book_tokens(tokenizer, args.memory_context)
         for kind in kinds:
@@ -303,7 +304,9 @@ def main(argv=None):
         CacheKind(name, args.boundary_skip)  # a bad name fails before the model loads
     if args.dtype == "auto":
         args.dtype = "float16" if mx.default_device() == mx.gpu else "model"
-    results = run(args)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # a long run killed half-way still leaves what it measured
+    results = run(args, lambda partial: (out_dir / "results.json").write_text(json.dumps(partial, indent=1)))
     write(results, out_dir)
     print(markdown(results))
     return 0
