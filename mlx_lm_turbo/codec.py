@@ -12,6 +12,7 @@ the attention output is rotated back once.
 """
 
 import json
+from functools import lru_cache
 
 import mlx.core as mx
 
@@ -48,10 +49,24 @@ def quantize_rotated(y: mx.array, bits: int):
     return pack(indices, bits), corrected.astype(mx.float16)
 
 
+@lru_cache(maxsize=None)
+def _dequantizer(bits: int, head_dim: int, dtype):
+    # Straight into the model dtype, so no float32 copy of the cache is made.
+    levels = codebook(head_dim, bits).astype(dtype)
+
+    def dequantize(codes, norms):
+        return levels[unpack(codes, bits, head_dim)] * norms.astype(dtype)
+
+    if 32 % bits == 0 and head_dim * bits % 32 == 0:
+        # Word-aligned widths unpack with shape-free ops: compiled once for every
+        # cache length, the shifts, masks and scaling fuse.
+        return mx.compile(dequantize, shapeless=True)
+    return dequantize
+
+
 def dequantize_rotated(codes: mx.array, norms: mx.array, bits: int, head_dim: int, dtype):
-    """Inverse of ``quantize_rotated``, still in the rotated domain."""
-    levels = codebook(head_dim, bits)[unpack(codes, bits, head_dim)]
-    return (levels * norms.astype(mx.float32)).astype(dtype)
+    """Inverse of ``quantize_rotated``, still in the rotated domain, in ``dtype``."""
+    return _dequantizer(bits, head_dim, dtype)(codes, norms)
 
 
 class TurboCodec:

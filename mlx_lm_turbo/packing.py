@@ -72,6 +72,11 @@ def pack(indices: mx.array, bits: int) -> mx.array:
 
 def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
     """(..., packed_words(dim, bits)) uint32 -> (..., dim) uint32 indices."""
+    if 32 % bits == 0 and dim * bits % 32 == 0:
+        # Word-aligned widths: shift every word by each slot's offset, no gathers.
+        shifts = mx.arange(0, 32, bits, dtype=mx.uint32)
+        values = (words[..., None] >> shifts) & ((1 << bits) - 1)
+        return mx.flatten(values, -2, -1)  # flatten, not reshape: safe under shapeless compile
     layout = _layout(dim, bits)
     values = mx.take(words, layout["word"], axis=-1) >> layout["shift"]
     if layout["high_word"] is not None:
