@@ -30,7 +30,9 @@ DEFAULT_CACHES = ("fp16", "affine8", "affine4", "affine3", "affine2", "turbo8", 
 AFFINE_GROUP = 64
 NEEDLE = "The secret passphrase is {word}."
 NEEDLE_WORDS = ("tangerine", "lighthouse", "marmalade", "saxophone", "avalanche", "porcupine")
-QUESTION = "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
+# Completion, not a chat question: a 135M model retrieves by copying from context
+# (which is what compressed keys can break), not by following instructions.
+CUE = "\n\nAs mentioned above, the secret passphrase is"
 
 
 def say(message):
@@ -94,17 +96,15 @@ def values_per_token(model, dtype):
 
 
 def needle_prompt(tokenizer, context, depth, word):
-    haystack = book_tokens(tokenizer, max(context - 80, 16)).tolist()
+    """A book slice of about ``context`` tokens with the needle sentence at ``depth``, then the cue."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+    needle, cue = encode(" " + NEEDLE.format(word=word) + " "), encode(CUE)
+    haystack = book_tokens(tokenizer, max(context - len(needle) - len(cue), 16)).tolist()
     at = int(depth * len(haystack))
-    needle = tokenizer.encode(" " + NEEDLE.format(word=word) + " ", add_special_tokens=False)
-    text = tokenizer.decode(haystack[:at] + needle + haystack[at:])
-    messages = [{"role": "user", "content": f"{text}\n\n{QUESTION}"}]
-    if tokenizer.chat_template is not None:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return tokenizer.encode(messages[0]["content"])
+    return haystack[:at] + needle + haystack[at:] + cue
 
 
-def retrieve(model, tokenizer, kind, prompt, word, max_tokens=12):
+def retrieve(model, tokenizer, kind, prompt, word, max_tokens=6):
     from mlx_lm import stream_generate
 
     cache = kind.make(model)
@@ -146,6 +146,11 @@ def run(args, checkpoint=lambda results: None):
     per_token = values_per_token(model, dtype)
     results = {"model": model_path, "device": str(mx.default_device()), "dtype": str(dtype).split(".")[-1],
                "decode_steps": args.decode, "boundary_skip": args.boundary_skip, "rows": []}
+    # Compile every cache's kernels before timing anything: the first run of a
+    # kernel pays its JIT, which would skew the speed ratios.
+    warm = book_tokens(tokenizer, 72)
+    for kind in kinds:
+        teacher_forced_logprobs(model, warm, kind.make(model), 64, kind.after_prefill)
     started = time.perf_counter()
     for context in args.contexts:
         tokens = book_tokens(tokenizer, context + args.decode)
