@@ -15,6 +15,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
 from .errors import UnsupportedModelError
+from .hookspecs import hookimpl
 from .schemes import KVScheme
 
 # Caches that hold no keys and values (linear attention, Mamba state): left as they are.
@@ -122,3 +123,26 @@ def boundary_scheme(scheme: KVScheme) -> KVScheme:
 def model_type_of(model) -> str:
     args = getattr(model, "args", None)
     return getattr(model, "model_type", None) or getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+class AdapterPlugin:
+    """A plugin object serving adapters by model type (what ``mlx_lm_turbo/models/`` files export)."""
+
+    def __init__(self, *adapters):
+        self.adapters = adapters
+
+    @hookimpl
+    def mlx_lm_turbo_adapter(self, model_type, model):
+        return next((a for a in self.adapters if model_type in a.model_types), None)
+
+    @hookimpl
+    def mlx_lm_turbo_adapters(self):
+        return list(self.adapters)
+
+
+class FallbackAdapterPlugin(AdapterPlugin):
+    """Serves its one adapter to every model type, asked after all other plugins."""
+
+    @hookimpl(trylast=True)
+    def mlx_lm_turbo_adapter(self, model_type, model):
+        return self.adapters[0]

@@ -8,7 +8,8 @@ group ``mlx_lm_turbo``::
     my_family = "my_package.turbo_plugin"
 
 The built-in architecture adapters (``mlx_lm_turbo/models/``) are registered
-through that same group. A plugin that fails to import or register is skipped
+through that same group, each file exporting ``plugin = AdapterPlugin(ADAPTER)``
+(``mlx_lm_turbo.adapters``), which a third-party family can do too. A plugin that fails to import or register is skipped
 with one warning naming it; mlx-lm keeps working.
 """
 

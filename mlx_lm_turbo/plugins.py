@@ -12,12 +12,12 @@ from .errors import UnsupportedModelError
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 BUILTIN_PLUGINS = {  # mirrored in pyproject.toml's entry points
-    "kv_cache": "mlx_lm_turbo.models.kv_cache",
-    "qwen3_5": "mlx_lm_turbo.models.qwen3_5",
-    "nemotron_h": "mlx_lm_turbo.models.nemotron_h",
-    "gemma4": "mlx_lm_turbo.models.gemma4",
-    "gpt_oss": "mlx_lm_turbo.models.gpt_oss",
-    "unsupported": "mlx_lm_turbo.models.unsupported",
+    "kv_cache": "mlx_lm_turbo.models.kv_cache:plugin",
+    "qwen3_5": "mlx_lm_turbo.models.qwen3_5:plugin",
+    "nemotron_h": "mlx_lm_turbo.models.nemotron_h:plugin",
+    "gemma4": "mlx_lm_turbo.models.gemma4:plugin",
+    "gpt_oss": "mlx_lm_turbo.models.gpt_oss:plugin",
+    "unsupported": "mlx_lm_turbo.models.unsupported:plugin",
 }
 
 
@@ -37,9 +37,10 @@ def plugin_manager() -> pluggy.PluginManager:
     # Running from a source tree without installed metadata: the built-ins still count.
     import importlib
 
-    for name, module in BUILTIN_PLUGINS.items():
+    for name, target in BUILTIN_PLUGINS.items():
         if pm.get_plugin(name) is None:
-            pm.register(importlib.import_module(module), name=name)
+            module, attribute = target.split(":")
+            pm.register(getattr(importlib.import_module(module), attribute), name=name)
     return pm
 
 

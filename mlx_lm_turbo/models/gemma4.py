@@ -3,8 +3,7 @@ compressed rotating cache, full layers the compressed cache. KV-shared layers ow
 cache: they attend to what their donor's ``update_and_fetch`` returned, a ``TurboKV``,
 which the attention dispatch recognises by type (the shared layer passes cache=None)."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, AdapterPlugin, Capabilities
 
 ADAPTER = Adapter(
     name="gemma4",
@@ -13,12 +12,4 @@ ADAPTER = Adapter(
                               notes="donor layers compressed; KV-shared layers read the donor's compressed K/V"),
 )
 
-
-@hookimpl
-def mlx_lm_turbo_adapter(model_type, model):
-    return ADAPTER if model_type in ADAPTER.model_types else None
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [ADAPTER]
+plugin = AdapterPlugin(ADAPTER)

@@ -2,8 +2,7 @@
 portable path (the key-centring shift is added back per query); the fused decode
 kernel has no sink support yet, so ``-compact`` schemes are refused for this family."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, AdapterPlugin, Capabilities
 
 ADAPTER = Adapter(
     name="gpt_oss",
@@ -12,12 +11,4 @@ ADAPTER = Adapter(
                               notes="the fused decode kernel does not handle attention sinks"),
 )
 
-
-@hookimpl
-def mlx_lm_turbo_adapter(model_type, model):
-    return ADAPTER if model_type in ADAPTER.model_types else None
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [ADAPTER]
+plugin = AdapterPlugin(ADAPTER)

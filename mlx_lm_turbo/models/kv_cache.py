@@ -2,8 +2,7 @@
 ``scaled_dot_product_attention`` (llama, qwen3, mistral, phi3, ...). Asked last, so
 any family-specific adapter takes precedence."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, FallbackAdapterPlugin, Capabilities
 
 ADAPTER = Adapter(
     name="kv_cache",
@@ -11,12 +10,4 @@ ADAPTER = Adapter(
     capabilities=Capabilities(notes="any model whose make_prompt_cache yields KVCache/RotatingKVCache"),
 )
 
-
-@hookimpl(trylast=True)
-def mlx_lm_turbo_adapter(model_type, model):
-    return ADAPTER
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [ADAPTER]
+plugin = FallbackAdapterPlugin(ADAPTER)

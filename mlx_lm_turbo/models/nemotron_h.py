@@ -2,8 +2,7 @@
 attention blocks are compressed. The cache list is shorter than the block list (the
 model walks it with a counter), which the plan follows as is."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, AdapterPlugin, Capabilities
 
 ADAPTER = Adapter(
     name="nemotron_h",
@@ -11,12 +10,4 @@ ADAPTER = Adapter(
     capabilities=Capabilities(notes="Mamba state untouched; attention layers compressed"),
 )
 
-
-@hookimpl
-def mlx_lm_turbo_adapter(model_type, model):
-    return ADAPTER if model_type in ADAPTER.model_types else None
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [ADAPTER]
+plugin = AdapterPlugin(ADAPTER)

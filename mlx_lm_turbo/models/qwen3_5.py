@@ -2,8 +2,7 @@
 recurrent state (ArraysCache); only the full-attention layers are compressed, and the
 boundary layers are the first and last *attention* layers."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, AdapterPlugin, Capabilities
 
 ADAPTER = Adapter(
     name="qwen3_5",
@@ -11,12 +10,4 @@ ADAPTER = Adapter(
     capabilities=Capabilities(notes="linear-attention state untouched; full-attention layers compressed"),
 )
 
-
-@hookimpl
-def mlx_lm_turbo_adapter(model_type, model):
-    return ADAPTER if model_type in ADAPTER.model_types else None
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [ADAPTER]
+plugin = AdapterPlugin(ADAPTER)

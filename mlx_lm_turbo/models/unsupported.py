@@ -2,8 +2,7 @@
 (bypassing mlx-lm's ``scaled_dot_product_attention``) or latent (MLA) caches. Refused
 with a message that names the model type, never run silently in fp16."""
 
-from ..adapters import Adapter, Capabilities
-from ..hookspecs import hookimpl
+from ..adapters import Adapter, AdapterPlugin, Capabilities
 
 MANUAL_ATTENTION = ("gemma2", "olmo", "gemma3n", "afm7", "deepseek_v32", "minimax_m3_vl")
 LATENT_CACHES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_linear", "glm4_moe_lite",
@@ -23,15 +22,4 @@ MANUAL = _refusing("manual_attention", MANUAL_ATTENTION,
                    "computes attention itself or reads cache internals")
 LATENT = _refusing("latent_cache", LATENT_CACHES, "keeps a latent (MLA) cache, not per-head K/V")
 
-
-@hookimpl
-def mlx_lm_turbo_adapter(model_type, model):
-    for adapter in (MANUAL, LATENT):
-        if model_type in adapter.model_types:
-            return adapter
-    return None
-
-
-@hookimpl
-def mlx_lm_turbo_adapters():
-    return [MANUAL, LATENT]
+plugin = AdapterPlugin(MANUAL, LATENT)
