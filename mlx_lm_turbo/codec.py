@@ -58,8 +58,9 @@ def _dequantizer(bits: int, head_dim: int, dtype):
         return levels[unpack(codes, bits, head_dim)] * norms.astype(dtype)
 
     if 32 % bits == 0 and head_dim * bits % 32 == 0:
-        # Word-aligned widths unpack with shape-free ops: compiled once for every
-        # cache length, the shifts, masks and scaling fuse.
+        # Word-aligned widths unpack with broadcast shifts alone: compiled once for
+        # every cache length, the shifts, masks and scaling fuse. (The 3-bit unpack
+        # gathers, which gave wrong results under shapeless compile here.)
         return mx.compile(dequantize, shapeless=True)
     return dequantize
 

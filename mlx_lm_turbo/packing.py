@@ -38,10 +38,9 @@ def _layout(dim, bits):
     for w, p in enumerate(pieces):
         table[w, : len(p)] = p
 
-    # For unpacking: value i = (word[i] >> shift | word[i]+1 << (32 - shift)) & mask;
-    # values that do not spill read the appended zero word with shift 0.
-    high_word = np.where(spills, word + 1, n_words)
-    high_shift = np.where(spills, 32 - shift, 0)
+    # For unpacking: value i = (word[i] >> shift | word[i]+1 << (32 - shift)) & mask. Values
+    # that do not spill read a valid word shifted by 0 and masked off by a 0 multiplier, so
+    # every op is shape-free in the leading dims (safe under shapeless compile).
     as_mx = lambda a: mx.array(a.astype(np.uint32))
     return {
         "pack_index": as_mx(table[..., 0].reshape(-1)),
@@ -50,8 +49,10 @@ def _layout(dim, bits):
         "width": width,
         "word": as_mx(word),
         "shift": as_mx(shift),
-        "high_word": as_mx(high_word) if spills.any() else None,
-        "high_shift": as_mx(high_shift),
+        "spills": bool(spills.any()),
+        "high_word": as_mx(np.minimum(word + 1, n_words - 1)),
+        "high_shift": as_mx(np.where(spills, 32 - shift, 0)),
+        "spill_mask": as_mx(spills),
     }
 
 
@@ -79,7 +80,7 @@ def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
         return mx.flatten(values, -2, -1)  # flatten, not reshape: safe under shapeless compile
     layout = _layout(dim, bits)
     values = mx.take(words, layout["word"], axis=-1) >> layout["shift"]
-    if layout["high_word"] is not None:
-        padded = mx.concatenate([words, mx.zeros((*words.shape[:-1], 1), mx.uint32)], axis=-1)
-        values = values | (mx.take(padded, layout["high_word"], axis=-1) << layout["high_shift"])
+    if layout["spills"]:
+        high = mx.take(words, layout["high_word"], axis=-1) << layout["high_shift"]
+        values = values | (high * layout["spill_mask"])
     return values & ((1 << bits) - 1)
