@@ -91,3 +91,11 @@ def test_doctor_reports_autoload_and_unsupported(tiny_model):
     assert "| gpt_oss | gpt_oss | gpt_oss | yes | yes | yes |" in result.stdout
     result = run("mlx-lm-turbo", "doctor", env={"MLX_LM_TURBO_DISABLE": "1"})
     assert "auto-loading: off" in result.stdout
+
+
+def test_python_api_example_runs(tiny_model):
+    example = Path(__file__).resolve().parent.parent / "examples" / "python_api.py"
+    result = subprocess.run([sys.executable, str(example), "--model", str(tiny_model("llama")), "--max-tokens", "5"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "KV cache:" in result.stdout and "saved" in result.stdout
