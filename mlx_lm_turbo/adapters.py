@@ -29,6 +29,7 @@ class Capabilities:
     supports_attention_sinks: bool = False
     supports_kv_sharing: bool = False
     supports_compact: bool = False  # a fused compressed-domain decode kernel honours this family
+    compact_note: str = "the fused decode kernel is not built yet"
     notes: str = ""
 
 
@@ -56,7 +57,7 @@ class Adapter:
         if scheme.compact and not self.capabilities.supports_compact:
             raise UnsupportedModelError(
                 f"{scheme.name} asks for the fused compressed-domain decode kernel, which "
-                f"{self.name} models cannot use: {self.capabilities.notes or 'not supported'}. "
+                f"{self.name} models cannot use: {self.capabilities.compact_note}. "
                 f"Use {scheme.name.replace('-compact', '')} instead."
             )
         caches = mlx_make_prompt_cache(model, max_kv_size)

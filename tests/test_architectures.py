@@ -91,3 +91,11 @@ def test_gpt_oss_refuses_compact_schemes(tiny_model):
     model, _ = load(str(tiny_model("gpt_oss")))
     with pytest.raises(UnsupportedModelError, match="attention sinks.*Use turbo4 instead"):
         make_prompt_cache(model, "turbo4-compact")
+
+
+def test_compact_schemes_are_refused_until_the_kernel_exists(tiny_model):
+    from mlx_lm_turbo import UnsupportedModelError
+
+    model, _ = load(str(tiny_model("llama")))
+    with pytest.raises(UnsupportedModelError, match="not built yet. Use turbo3 instead"):
+        make_prompt_cache(model, "turbo3-compact")

@@ -8,7 +8,8 @@ ADAPTER = Adapter(
     name="gpt_oss",
     model_types=("gpt_oss",),
     capabilities=Capabilities(supports_attention_sinks=True, supports_compact=False,
-                              notes="the fused decode kernel does not handle attention sinks"),
+                              compact_note="the fused decode kernel does not handle attention sinks",
+                              notes="sinks honoured on the portable path; -compact refused"),
 )
 
 plugin = AdapterPlugin(ADAPTER)
