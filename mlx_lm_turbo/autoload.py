@@ -14,7 +14,7 @@ import functools
 import sys
 
 from . import settings
-from .errors import UnsupportedModelError
+from .errors import OverridesFileError, UnsupportedModelError
 
 COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
 
@@ -76,7 +76,7 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except UnsupportedModelError as error:
+        except (UnsupportedModelError, OverridesFileError) as error:
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
 
@@ -138,8 +139,8 @@ def run(args, checkpoint=lambda results: None):
     model, tokenizer = load(model_path)
     if args.dtype != "model":
         model.set_dtype(getattr(mx, args.dtype))
-    dtype = next(iter(p.dtype for _, p in __import__("mlx.utils", fromlist=["tree_flatten"]).tree_flatten(model.parameters())
-                      if p.dtype in (mx.float16, mx.bfloat16, mx.float32)))
+    dtype = next(p.dtype for _, p in tree_flatten(model.parameters())
+                 if p.dtype in (mx.float16, mx.bfloat16, mx.float32))
     kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
     if kinds[0].name != "fp16":
         raise SystemExit("--caches must start with fp16: every ratio is measured against it.")

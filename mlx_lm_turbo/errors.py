@@ -3,3 +3,7 @@
 
 class UnsupportedModelError(ValueError):
     """The model cannot be given TurboQuant caches; the message says what to do."""
+
+
+class OverridesFileError(ValueError):
+    """The user's overrides file cannot be read; the message names the file and the entry."""

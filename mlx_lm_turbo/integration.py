@@ -6,6 +6,7 @@ on ``base`` (for modules imported later) and on every model module already
 loaded. It only acts on ``TurboKV`` keys; everything else goes to the original.
 """
 
+import importlib
 import sys
 
 from .attention import turbo_scaled_dot_product_attention
@@ -26,7 +27,7 @@ def _make_dispatch(original):
 
 def install_attention_dispatch():
     """Idempotently route attention over turbo caches to the rotated-domain path."""
-    base = sys.modules.get("mlx_lm.models.base") or __import__("mlx_lm.models.base", fromlist=["_"])
+    base = importlib.import_module("mlx_lm.models.base")
     original = base.scaled_dot_product_attention
     if hasattr(original, "turbo_original"):
         return

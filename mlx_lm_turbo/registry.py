@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Optional
 
+from .errors import OverridesFileError
 from .schemes import parse_scheme
 
 
@@ -86,12 +87,12 @@ def _load_toml(registry, path):
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ValueError(f"Cannot read mlx-lm-turbo overrides file {path}: {error}") from None
+        raise OverridesFileError(f"Cannot read mlx-lm-turbo overrides file {path}: {error}") from None
     for i, entry in enumerate(data.get("override", [])):
         try:
             registry.add(source=f"{path} [override {i}]", **entry)
-        except TypeError as error:
-            raise ValueError(f"Bad entry {i} in {path}: {error}") from None
+        except (TypeError, ValueError) as error:
+            raise OverridesFileError(f"Bad entry {i} in {path}: {error}") from None
 
 
 @lru_cache(maxsize=None)

@@ -81,6 +81,16 @@ def test_opted_out_model_is_refused_clearly(tiny_model, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_bad_overrides_file_is_reported_not_a_traceback(tiny_model, tmp_path):
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text('[[override]]\nmodel_type = "llama"\nscheme = "turbo9"\n')
+    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
+                 env={"MLX_LM_TURBO_OVERRIDES": str(overrides)})
+    assert result.returncode == 2
+    assert f"Bad entry 0 in {overrides}" in result.stderr and "Did you mean turbo8" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_chat_with_scripted_input(tiny_model):
     result = run("mlx_lm.chat", "--model", tiny_model("qwen3"), "--max-tokens", 5, "--kv-scheme", "turbo4",
                  stdin="hello\nr\nagain\nq\n")
