@@ -136,19 +136,27 @@ def test_saved_cache_continues_exactly_like_the_one_in_memory(tiny_model, tmp_pa
 
 
 def _mask_timings(text):
-    return re.sub(r"[0-9.]+ (tokens-per-sec|GB)", "N", text)
+    return re.sub(r"[0-9.]+ (tokens-per-sec|GB|tok/s)", "N", text)
 
 
+@pytest.mark.parametrize("command, args, stdin", [
+    ("mlx_lm.generate", ("--prompt", "hello", "--max-tokens", 8), None),
+    ("mlx_lm.chat", ("--max-tokens", 6), "hello\nq\n"),
+    ("mlx_lm.cache_prompt", ("--prompt", "hello there", "--prompt-cache-file", "{tmp}/c.safetensors"), None),
+])
 @pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
-def test_without_kv_scheme_output_is_identical_to_plain_mlx_lm(arch, tiny_model):
-    args = ("mlx_lm.generate", "--model", tiny_model(arch), "--prompt", "hello", "--max-tokens", 8)
-    with_plugin = run(*args)
-    without = run(*args, env={"MLX_LM_TURBO_DISABLE": "1"})
-    assert with_plugin.returncode == without.returncode == 0
+def test_without_kv_scheme_output_is_identical_to_plain_mlx_lm(arch, command, args, stdin, tiny_model, tmp_path):
+    args = [str(a).format(tmp=tmp_path) for a in args]
+    with_plugin = run(command, "--model", tiny_model(arch), *args, stdin=stdin)
+    without = run(command, "--model", tiny_model(arch), *args, stdin=stdin, env={"MLX_LM_TURBO_DISABLE": "1"})
+    assert with_plugin.returncode == without.returncode == 0, with_plugin.stderr[-2000:]
     assert _mask_timings(with_plugin.stdout) == _mask_timings(without.stdout)
-    assert "mlx-lm-turbo" not in with_plugin.stderr
+    assert _mask_timings(with_plugin.stderr) == _mask_timings(without.stderr)
+
+
+def test_disabled_plugin_adds_no_options():
     disabled_help = run("mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "1"})
-    assert "--kv-scheme" not in disabled_help.stdout
+    assert disabled_help.returncode == 0 and "--kv-scheme" not in disabled_help.stdout
 
 
 def test_perplexity_runs_through_the_compressed_cache(tiny_model, monkeypatch, capsys):
