@@ -21,8 +21,8 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import make_prompt_cache
 from mlx_lm_turbo.codec import KEY_CALIBRATIONS
-from mlx_lm_turbo.gguf import demo_model_path
 from mlx_lm_turbo.bench import BOOK as TEXT
+from mlx_lm_turbo.gguf import demo_model_path
 from mlx_lm_turbo.quality import affine_after_prefill, compare, teacher_forced_logprobs
 
 

@@ -15,7 +15,6 @@ backend), so their memory is computed from their storage format, not measured.
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path

@@ -6,7 +6,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache as mlx_make_prompt_cache
 
-from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache, make_prompt_cache
+from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, make_prompt_cache
 from mlx_lm_turbo.errors import UnsupportedModelError
 
 
@@ -35,7 +35,6 @@ def teacher_forced_logits(model, cache, tokens, prefill, chunk):
 
 
 def kl(reference, other):
-    p = mx.softmax(reference, axis=-1)
     log_p = reference - mx.logsumexp(reference, axis=-1, keepdims=True)
     log_q = other - mx.logsumexp(other, axis=-1, keepdims=True)
     return (mx.exp(log_p) * (log_p - log_q)).sum(-1).mean().item()
