@@ -3,6 +3,7 @@ import pytest
 
 from mlx_lm_turbo.codebooks import boundaries, codebook, optimal_mse, supported_head_dims
 from mlx_lm_turbo.codec import dequantize_rotated, quantize_rotated
+from mlx_lm_turbo.packing import unpack
 
 BETA_OPTIMUM_128 = {2: 0.116, 3: 0.034, 4: 0.0093}
 
@@ -48,3 +49,16 @@ def test_corrected_norm_restores_vector_norm():
     recon = dequantize_rotated(codes, norms, 3, 128, mx.float32)
     ratio = mx.linalg.norm(recon, axis=-1) / mx.linalg.norm(y, axis=-1)
     assert mx.allclose(ratio, mx.ones_like(ratio), atol=2e-3).item()
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_dequantize_is_right_for_every_shape_it_sees(bits, head_dim):
+    # the dequantizer is compiled once per (bits, dim, dtype) and reused for every cache shape
+    for shape in [(1, 2, 5), (3, 1, 17), (1, 4, 1), (2, 2, 64)]:
+        y = mx.random.normal((*shape, head_dim), key=mx.random.key(sum(shape)))
+        codes, norms = quantize_rotated(y, bits)
+        expected = codebook(head_dim, bits).astype(mx.float16)[unpack(codes, bits, head_dim)] * norms
+        got = dequantize_rotated(codes, norms, bits, head_dim, mx.float16)
+        assert got.shape == (*shape, head_dim) and got.dtype == mx.float16
+        assert mx.array_equal(got, expected).item()
