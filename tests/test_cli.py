@@ -174,3 +174,48 @@ def test_perplexity_runs_through_the_compressed_cache(tiny_model, monkeypatch, c
         assert ("evaluating through" in out) == (scheme != "none")
     assert results["turbo8"] == pytest.approx(results["none"], rel=1e-2)
     assert results["turbo2"] != results["none"]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_serves_with_compressed_caches(tiny_model):
+    import json
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+    server = subprocess.Popen([str(BIN / "mlx_lm.server"), "--model", str(tiny_model("qwen3")), "--port", str(port),
+                               "--kv-scheme", "turbo4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}).encode()
+        deadline = time.time() + 60
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    reply = json.loads(response.read())
+                break
+            except (ConnectionError, urllib.error.URLError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.3)
+        assert reply["usage"]["completion_tokens"] == 6
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert "[mlx-lm-turbo] qwen3: KV caches" in err
+
+
+def test_server_with_a_bad_scheme_exits_at_once(tiny_model):
+    result = run("mlx_lm.server", "--model", tiny_model("qwen3"), "--port", _free_port(), "--kv-scheme", "turbo7",
+                 timeout=60)
+    assert result.returncode == 2 and "Did you mean turbo8?" in result.stderr
