@@ -272,6 +272,13 @@ class TurboQuantKVCache(_TurboCache):
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
 
+    @classmethod
+    def merge(cls, caches):
+        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
+        from .batch_cache import TurboQuantBatchKVCache
+
+        return TurboQuantBatchKVCache.merge(caches)
+
 
 class TurboQuantRotatingKVCache(_TurboCache):
     """Compressed replacement for mlx-lm's ``RotatingKVCache`` (sliding windows).

@@ -11,6 +11,7 @@ domain: the query is rotated once, keys and values are dequantized there, and
 the attention output is rotated back once.
 """
 
+import copy
 import json
 from functools import lru_cache
 
@@ -95,7 +96,7 @@ class TurboCodec:
         self.key_calibration = key_calibration if scheme.key_bits else "none"
         self.key_rotation = rotation(key_dim, seed, layer) if scheme.key_bits else None
         self.value_rotation = rotation(value_dim, seed, layer)
-        self.key_mean = None  # (n_kv_heads, key_dim) float32, set by calibrate()
+        self.key_mean = None  # (1 or batch, n_kv_heads, key_dim) float32, set by calibrate()
         self.key_scale = None
 
     def __deepcopy__(self, memo):
@@ -104,24 +105,44 @@ class TurboCodec:
         return self
 
     # -- calibration --------------------------------------------------------
-    def calibrate(self, keys: mx.array):
-        """Measure per-head, per-channel key statistics on (B, H, T, D) keys."""
+    def key_statistics(self, keys: mx.array, valid=None, per_row=False):
+        """Per-head, per-channel (mean, scale) of (B, H, T, D) keys, shaped (B or 1, H, D).
+
+        ``valid`` (B, T) marks the tokens to count (a batch's padding is not);
+        ``per_row`` keeps one set of statistics per batch row.
+        """
         if self.key_calibration == "none":
-            return
+            return None, None
         k = keys.astype(mx.float32)
-        self.key_mean = k.mean(axis=(0, 2))
-        n_tokens = keys.shape[0] * keys.shape[2]
-        if self.key_calibration == "center+scale" and n_tokens >= MIN_SCALE_TOKENS:
-            spread = mx.sqrt(((k - self.key_mean[:, None]) ** 2).mean(axis=(0, 2)))
+        weight = mx.ones((k.shape[0], 1, k.shape[2], 1)) if valid is None else valid[:, None, :, None].astype(mx.float32)
+        axes = (2,) if per_row else (0, 2)
+        count = weight.sum(axis=axes, keepdims=True)
+        mean = (k * weight).sum(axis=axes, keepdims=True) / mx.maximum(count, 1)
+        scale = None
+        enough = count >= MIN_SCALE_TOKENS
+        if self.key_calibration == "center+scale" and enough.any().item():
+            spread = mx.sqrt((((k - mean) ** 2) * weight).sum(axis=axes, keepdims=True) / mx.maximum(count, 1))
             spread = mx.maximum(spread, 1e-3 * spread.max(axis=-1, keepdims=True) + 1e-12)
-            self.key_scale = spread / mx.sqrt((spread**2).mean(axis=-1, keepdims=True))
+            spread = spread / mx.sqrt((spread**2).mean(axis=-1, keepdims=True))
+            scale = mx.where(enough, spread, 1.0)[:, :, 0]  # rows with too few tokens: unscaled
+        return mean[:, :, 0], scale
+
+    def calibrate(self, keys: mx.array):
+        """Measure the key statistics on (B, H, T, D) keys (all rows together)."""
+        self.key_mean, self.key_scale = self.key_statistics(keys)
+
+    def with_statistics(self, key_mean, key_scale):
+        """This codec with other key statistics (a batch's rows have their own)."""
+        codec = copy.copy(self)
+        codec.key_mean, codec.key_scale = key_mean, key_scale
+        return codec
 
     def _calibrated_keys(self, keys):
         k = keys.astype(mx.float32)
         if self.key_mean is not None:
-            k = k - self.key_mean[:, None]
+            k = k - self.key_mean[:, :, None]
         if self.key_scale is not None:
-            k = k / self.key_scale[:, None]
+            k = k / self.key_scale[:, :, None]
         return k
 
     # -- storage ------------------------------------------------------------
@@ -168,7 +189,7 @@ class TurboCodec:
 
     # -- attention ----------------------------------------------------------
     def _per_query_head(self, stat, n_q_heads):
-        return mx.repeat(stat, n_q_heads // self.n_kv_heads, axis=0)[None, :, None, :]
+        return mx.repeat(stat, n_q_heads // self.n_kv_heads, axis=1)[:, :, None, :]
 
     def prepare_queries(self, queries: mx.array) -> mx.array:
         """Queries (B, Hq, L, D) into the domain the stored keys live in."""

@@ -1,0 +1,107 @@
+"""The batch form of the compressed cache against the single-sequence cache."""
+
+import copy
+
+import mlx.core as mx
+import pytest
+
+from mlx_lm_turbo import TurboQuantKVCache
+from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
+
+from conftest import outlier_keys
+
+H, D, HQ = 2, 64, 4
+LENGTHS = [20, 7, 13]
+DECODE = 6
+
+
+def sequences(lengths=LENGTHS):
+    out = []
+    for i, n in enumerate(lengths):
+        k = outlier_keys((1, H, n + DECODE, D), seed=i).astype(mx.float16)
+        v = mx.random.normal((1, H, n + DECODE, D), key=mx.random.key(i + 9)).astype(mx.float16)
+        q = mx.random.normal((1, HQ, n + DECODE, D), key=mx.random.key(i + 50)).astype(mx.float16)
+        out.append((k, v, q))
+    return out
+
+
+def single_run(k, v, q, n, scheme, calibration):
+    cache = TurboQuantKVCache(scheme, key_calibration=calibration)
+    cache.update_and_fetch(k[:, :, :n], v[:, :, :n])
+    outs = []
+    for t in range(n, n + DECODE):
+        view, _ = cache.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        outs.append(turbo_scaled_dot_product_attention(q[:, :, t:t + 1], view, D**-0.5, None))
+    return cache, mx.concatenate(outs, axis=2)
+
+
+def right_padded(arrays, lengths):
+    width = max(lengths)
+    return mx.concatenate([mx.pad(a[:, :, :n], [(0, 0), (0, 0), (0, width - n), (0, 0)])
+                           for a, n in zip(arrays, lengths)])
+
+
+def batch_run(seqs, scheme, calibration, lengths=LENGTHS):
+    batch = TurboQuantKVCache.merge([TurboQuantKVCache(scheme, key_calibration=calibration) for _ in seqs])
+    assert isinstance(batch, TurboQuantBatchKVCache)
+    width = max(lengths)
+    batch.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+    batch.update_and_fetch(right_padded([s[0] for s in seqs], lengths), right_padded([s[1] for s in seqs], lengths))
+    batch.finalize()
+    outs = []
+    for step in range(DECODE):
+        pick = lambda j: mx.concatenate([s[j][:, :, n + step:n + step + 1] for s, n in zip(seqs, lengths)])
+        mask = batch.make_mask(1, return_array=True)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        outs.append(turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask))
+    return batch, mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.parametrize("scheme, calibration", [("turbo4", None), ("turbo3", "center+scale"), ("turbo0v4", None)])
+def test_batched_prefill_and_decode_equal_single_sequences(scheme, calibration):
+    seqs = sequences()
+    batch, out = batch_run(seqs, scheme, calibration)
+    for i, ((k, v, q), n) in enumerate(zip(seqs, LENGTHS)):
+        single, expected = single_run(k, v, q, n, scheme, calibration)
+        assert mx.array_equal(out[i:i + 1], expected).item()
+        # extract gives back the very same compressed data as the single cache
+        extracted = batch.extract(i)
+        assert extracted.offset == single.offset == n + DECODE
+        for a, b in zip(extracted._stored_slice(), single._stored_slice()):
+            assert mx.array_equal(a, b).item()
+    assert batch.offset.tolist() == [n + DECODE for n in LENGTHS]
+    assert batch.nbytes == sum(a.nbytes for a in batch.stored)
+
+
+def test_merge_filter_extend_keep_compressed_history_bit_exact():
+    seqs = sequences()
+    singles = [single_run(k, v, q, n, "turbo4", None)[0] for (k, v, q), n in zip(seqs, LENGTHS)]
+    batch = TurboQuantKVCache.merge([copy.deepcopy(c) for c in singles[:2]])
+    batch.extend(TurboQuantKVCache.merge([copy.deepcopy(singles[2])]))
+    for i, single in enumerate(singles):
+        for a, b in zip(batch.extract(i)._stored_slice(), single._stored_slice()):
+            assert mx.array_equal(a, b).item()
+    batch.filter([2, 0])
+    assert batch.offset.tolist() == [LENGTHS[2] + DECODE, LENGTHS[0] + DECODE]
+    for i, single in zip(range(2), (singles[2], singles[0])):
+        for a, b in zip(batch.extract(i)._stored_slice(), single._stored_slice()):
+            assert mx.array_equal(a, b).item()
+        assert mx.array_equal(batch.extract(i).codec.key_mean, single.codec.key_mean).item()
+
+
+def test_trim_and_deepcopy():
+    batch, _ = batch_run(sequences(), "turbo4", None)
+    clone = copy.deepcopy(batch)
+    assert batch.trim(3) == 3 and batch.size() == clone.size() - 3
+    assert (clone.offset - batch.offset).tolist() == [3, 3, 3]
+
+
+def test_batch_of_empty_caches_then_extend_with_a_new_request():
+    seqs = sequences()
+    batch, _ = batch_run(seqs[:2], "turbo4", None, lengths=LENGTHS[:2])
+    newcomer, _ = batch_run(seqs[2:], "turbo4", None, lengths=LENGTHS[2:])
+    batch.extend(newcomer)
+    single, _ = single_run(*seqs[2], LENGTHS[2], "turbo4", None)
+    for a, b in zip(batch.extract(2)._stored_slice(), single._stored_slice()):
+        assert mx.array_equal(a, b).item()

@@ -1,0 +1,126 @@
+"""mlx_lm.server --kv-scheme: batched serving under concurrent load (real HTTP on 127.0.0.1)."""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from mlx_lm import load, stream_generate
+from mlx_lm.generate import batch_generate
+
+import mlx_lm_turbo.settings as settings
+from mlx_lm_turbo import parse_scheme
+from test_cli import BIN, _free_port
+
+
+def test_batch_generate_with_turbo_caches_matches_one_at_a_time(tiny_model, monkeypatch):
+    from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
+
+    model, tokenizer = load(str(tiny_model("llama")))
+    monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=1))
+    merged = []
+    original = TurboQuantBatchKVCache.merge.__func__
+    monkeypatch.setattr(TurboQuantBatchKVCache, "merge",
+                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    prompts = [tokenizer.encode(t) for t in ("hello there", "the quick brown fox jumps over", "a",
+                                              "hello hello hello hello hello hello hello")]
+    batched = batch_generate(model, tokenizer, prompts, max_tokens=10).texts
+    assert merged and max(merged) == len(prompts)  # really one batch of four
+    one_at_a_time = ["".join(r.text for r in stream_generate(model, tokenizer, p, max_tokens=10)) for p in prompts]
+    assert batched == one_at_a_time
+
+
+class Server:
+    def __init__(self, model, *args):
+        self.port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+        env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
+        self.process = subprocess.Popen(
+            [str(BIN / "mlx_lm.server"), "--model", str(model), "--port", str(self.port), *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 60
+        while True:  # ready once it accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.time() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("the server did not start")
+                time.sleep(0.2)
+
+    def ask(self, path, payload, stream=False):
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                         data=json.dumps({**payload, "stream": stream}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            body = response.read().decode()
+        if not stream:
+            return json.loads(body)
+        chunks = [json.loads(line[6:]) for line in body.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        return chunks
+
+    def stop(self):
+        self.process.terminate()
+        return self.process.communicate(timeout=30)[1]
+
+
+def chat(content, max_tokens=8):
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0.0}
+
+
+def text_of(reply):
+    return reply["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_concurrent_load_is_batched_and_matches_sequential(arch, tiny_model):
+    server = Server(tiny_model(arch), "--kv-scheme", "turbo4")
+    shared = "Once upon a time in a small village by the sea " * 3
+    requests = [chat(shared + f"story {i % 5}" + " more" * (i % 7), max_tokens=6 + i % 4) for i in range(48)]
+    results, errors = {}, []
+
+    def client(worker):
+        for i in range(worker, len(requests), 16):
+            try:
+                results[i] = text_of(server.ask("/v1/chat/completions", requests[i]))
+            except Exception as error:  # collected, asserted below
+                errors.append(repr(error))
+
+    try:
+        threads = [threading.Thread(target=client, args=(w,)) for w in range(16)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)  # the stdlib HTTP server listens with a backlog of 5
+        for t in threads:
+            t.join(timeout=300)
+        sequential = {i: text_of(server.ask("/v1/chat/completions", requests[i])) for i in range(0, 48, 5)}
+    finally:
+        log = server.stop()
+    assert not errors, errors[:3]
+    assert len(results) == 48
+    assert all(results[i] == sequential[i] for i in sequential)
+    batch_sizes = [int(line.split("batching ")[1].split()[0]) for line in log.splitlines() if "batching " in line]
+    assert batch_sizes and max(batch_sizes) >= 2, log[-2000:]
+
+
+def test_streaming_and_completions_endpoints(tiny_model):
+    server = Server(tiny_model("llama"), "--kv-scheme", "turbo3")
+    try:
+        plain = server.ask("/v1/chat/completions", chat("hello"))
+        streamed = server.ask("/v1/chat/completions", chat("hello"), stream=True)
+        completion = server.ask("/v1/completions", {"prompt": "hello there", "max_tokens": 5, "temperature": 0.0})
+        bad = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions", data=b"{not json",
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(bad, timeout=30)
+        again = server.ask("/v1/chat/completions", chat("hello"))  # still serving
+    finally:
+        server.stop()
+    streamed_text = "".join(c["choices"][0]["delta"].get("content", "") or "" for c in streamed if c.get("choices"))
+    assert streamed_text == text_of(plain) == text_of(again)
+    assert completion["choices"][0]["text"]
