@@ -124,3 +124,31 @@ def test_streaming_and_completions_endpoints(tiny_model):
     streamed_text = "".join(c["choices"][0]["delta"].get("content", "") or "" for c in streamed if c.get("choices"))
     assert streamed_text == text_of(plain) == text_of(again)
     assert completion["choices"][0]["text"]
+
+
+def test_prompt_cache_reuse_matches_a_cold_server(tiny_model):
+    """Multi-turn (a prefix hit) and an edited last turn (the cached prefix is trimmed).
+
+    Warm and cold need not agree bit for bit by design: a cold prompt attends exactly to
+    itself within its prefill chunk, a warm one to the compressed cached prefix; here
+    (turbo4, greedy) they agree token for token."""
+    turn1 = [{"role": "user", "content": "Tell me about the sea and the small village."}]
+    warm = Server(tiny_model("llama"), "--kv-scheme", "turbo4")
+    try:
+        reply1 = text_of(warm.ask("/v1/chat/completions", {"messages": turn1, "max_tokens": 8, "temperature": 0.0}))
+        turn2 = turn1 + [{"role": "assistant", "content": reply1}, {"role": "user", "content": "And then?"}]
+        edited = turn1 + [{"role": "assistant", "content": reply1}, {"role": "user", "content": "Why?"}]
+        warm_replies = [text_of(warm.ask("/v1/chat/completions", {"messages": m, "max_tokens": 8, "temperature": 0.0}))
+                        for m in (turn2, edited)]
+    finally:
+        log = warm.stop()
+    cold_replies = []
+    for messages in (turn2, edited):
+        cold = Server(tiny_model("llama"), "--kv-scheme", "turbo4")
+        try:
+            cold_replies.append(text_of(cold.ask("/v1/chat/completions",
+                                                 {"messages": messages, "max_tokens": 8, "temperature": 0.0})))
+        finally:
+            cold.stop()
+    assert warm_replies == cold_replies
+    assert "Prompt Cache: 1 sequences" in log or "Prompt Cache: 2 sequences" in log  # the LRU held turn 1
