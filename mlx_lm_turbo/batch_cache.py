@@ -1,21 +1,22 @@
-"""The batch form of ``TurboQuantKVCache``, for mlx-lm's ``BatchGenerator`` (the server).
+"""Batch forms of the compressed caches, for mlx-lm's ``BatchGenerator`` (the server).
 
-It follows mlx-lm's ``BatchKVCache``: sequences are left-padded to a common
-length, ``offset`` is per sequence, and ``prepare``/``finalize`` move the right
-padding of a batched prefill to the left. Every stored array keeps the token
-axis at 2, so padding, rolling and filtering act on the compressed data
-directly: nothing passes through fp16 when sequences join or leave a batch.
-Each sequence keeps its own key statistics (rows of the codec's ``key_mean``),
-measured on its own tokens, padding excluded.
+They follow mlx-lm's ``BatchKVCache`` and ``BatchRotatingKVCache``: sequences are
+left-padded to a common length, ``offset`` is per sequence, and
+``prepare``/``finalize`` move the right padding of a batched prefill to the left.
+Every stored array keeps the token axis at 2, so padding, rolling and filtering
+act on the compressed data directly: nothing passes through fp16 when sequences
+join or leave a batch. Each sequence keeps its own key statistics (rows of the
+codec's ``key_mean``), measured on its own tokens, padding excluded.
 """
 
 import os
 import sys
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, dynamic_roll
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, RotatingKVCache, dynamic_roll
 
-from .cache import TurboKV, TurboQuantKVCache, _check_keys_values, _install_attention_dispatch
+from .cache import (TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache, _check_keys_values,
+                    _install_attention_dispatch)
 from .codec import TurboCodec
 
 
@@ -24,69 +25,57 @@ def _rows(keep, old, new, neutral):
     statistic is the neutral one (no scaling is a scale of ones)."""
     if old is None and new is None:
         return None
-    if old is None or old.shape != (new if new is not None else old).shape:
+    if old is None or (new is not None and old.shape != new.shape):
         old = neutral(new)
     if new is None:
         new = neutral(old)
     return mx.where(keep, old, new)
 
 
-class TurboQuantBatchKVCache:
-    step = 256
+def _concat_statistic(codecs, rows, name, neutral):
+    present = [getattr(c, name) for c in codecs if c is not None and getattr(c, name) is not None]
+    if not present:
+        return None
+    like = present[0][:1]
+    return mx.concatenate([getattr(c, name) if c is not None and getattr(c, name) is not None
+                           else mx.broadcast_to(neutral(like), (n, *like.shape[1:]))
+                           for c, n in zip(codecs, rows)])
 
-    def __init__(self, scheme, left_padding, *, seed=0, layer=0, key_calibration=None):
+
+class _BatchStatistics:
+    """Per-sequence key statistics and the codec they live in, shared by both batch forms."""
+
+    def _init_statistics(self, scheme, rows, seed, layer, key_calibration):
         self.scheme, self.seed, self.layer, self.key_calibration = scheme, seed, layer, key_calibration
         self.codec = None
-        self.calibrated = mx.zeros((len(left_padding),), mx.bool_)  # rows whose statistics exist
-        self.stored = None
-        self.left_padding = mx.array(left_padding)
-        self.offset = mx.array([-p for p in left_padding])
-        self._idx = 0
-        self._right_padding = None
-        self._lengths = None
+        self.calibrated = mx.zeros((rows,), mx.bool_)  # rows whose statistics exist
+        self._prompt_lengths = None
 
-    # -- building ----------------------------------------------------------------
-    @classmethod
-    def merge(cls, caches):
+    @staticmethod
+    def _joining(caches):
+        """Check the caches can share a batch; end any uncompressed start (it is per sequence)."""
         first = caches[0]
         for c in caches:
             if c.scheme != first.scheme:
                 raise ValueError("Caches of different schemes cannot share a batch.")
-            if c.uncompressed is not None:  # the fp16 start ends when a sequence joins a batch
+            if c.uncompressed is not None:
                 c.uncompressed_start, history = 0, c._uncompressed_history()
                 c.offset, c.uncompressed = 0, None
                 c.update_and_fetch(*history)
-        lengths = [c.offset for c in caches]
-        max_length = max(lengths)
         if os.environ.get("MLX_LM_TURBO_LOG_BATCHES"):  # a diagnostic: one line per layer
             print(f"[mlx-lm-turbo] batching {len(caches)} sequences in layer {first.layer} "
-                  f"(cached lengths {lengths})", file=sys.stderr, flush=True)
-        batch = cls(first.scheme, [max_length - n for n in lengths], seed=first.seed, layer=first.layer,
-                    key_calibration=first.key_calibration)
-        codecs = [c.codec for c in caches if c.codec is not None]
-        if not codecs:
-            return batch
-        template = codecs[0]
-        batch.codec = template
-        if template.key_mean is not None:
-            zeros = mx.zeros_like(template.key_mean)
-            batch.codec = template.with_statistics(
-                mx.concatenate([c.codec.key_mean if c.codec else zeros for c in caches]),
-                None if template.key_scale is None else mx.concatenate(
-                    [c.codec.key_scale if c.codec else mx.ones_like(template.key_scale) for c in caches]),
-            )
-        batch.calibrated = mx.array([c.codec is not None for c in caches])
-        arrays = [c._stored_slice() for c in caches]
-        like = next(a for a in arrays if a is not None)
-        rows = []
-        for n, a in zip(lengths, arrays):
-            pad = TurboQuantKVCache._empty_like(like, max_length - n)
-            rows.append([mx.concatenate([p, x], axis=2) for p, x in zip(pad, a)] if a is not None else
-                        TurboQuantKVCache._empty_like(like, max_length))
-        batch.stored = tuple(mx.concatenate(parts) for parts in zip(*rows))
-        batch.offset = batch.offset + max_length
-        batch._idx = max_length
-        return batch
+                  f"(cached lengths {[c.offset for c in caches]})", file=sys.stderr, flush=True)
+        return first
+
+    def _adopt_statistics(self, caches):
+        codecs = [c.codec for c in caches]
+        template = next((c for c in codecs if c is not None), None)
+        if template is None:
+            return
+        ones = [1] * len(caches)
+        self.codec = template.with_statistics(_concat_statistic(codecs, ones, "key_mean", mx.zeros_like),
+                                              _concat_statistic(codecs, ones, "key_scale", mx.ones_like))
+        self.calibrated = mx.array([c is not None for c in codecs])
 
     def _ensure_codec(self, keys, values):
         if self.codec is None:
@@ -99,14 +88,71 @@ class TurboQuantBatchKVCache:
         # Rows without statistics measure them on this chunk's real tokens.
         position = self._idx + mx.arange(keys.shape[2])
         valid = position[None] >= self.left_padding[:, None]
-        if self._lengths is not None:
-            valid = valid & (mx.arange(keys.shape[2])[None] < self._lengths[:, None])
+        if self._prompt_lengths is not None:
+            valid = valid & (mx.arange(keys.shape[2])[None] < self._prompt_lengths[:, None])
         mean, scale = self.codec.key_statistics(keys, valid, per_row=True)
         keep = self.calibrated[:, None, None]
         mean = _rows(keep, self.codec.key_mean, mean, mx.zeros_like)
         scale = _rows(keep, self.codec.key_scale, scale, mx.ones_like)
         self.codec = self.codec.with_statistics(mean, scale)
         self.calibrated = self.calibrated | valid.any(axis=1)
+
+    def _filter_statistics(self, batch_indices):
+        if self.codec is not None and self.codec.key_mean is not None:
+            scale = self.codec.key_scale
+            self.codec = self.codec.with_statistics(self.codec.key_mean[batch_indices],
+                                                    None if scale is None else scale[batch_indices])
+        self.calibrated = self.calibrated[batch_indices]
+
+    def _extend_statistics(self, other, my_rows):
+        codecs = [self.codec, other.codec]
+        template = next((c for c in codecs if c is not None), None)
+        if template is not None:
+            rows = [my_rows, other.calibrated.shape[0]]
+            self.codec = template.with_statistics(_concat_statistic(codecs, rows, "key_mean", mx.zeros_like),
+                                                  _concat_statistic(codecs, rows, "key_scale", mx.ones_like))
+        self.calibrated = mx.concatenate([self.calibrated, other.calibrated])
+
+    def _row_codec(self, idx):
+        scale, mean = self.codec.key_scale, self.codec.key_mean
+        return self.codec.with_statistics(None if mean is None else mean[idx:idx + 1],
+                                          None if scale is None else scale[idx:idx + 1])
+
+
+class TurboQuantBatchKVCache(_BatchStatistics):
+    """The batch form of ``TurboQuantKVCache`` (mlx-lm's ``BatchKVCache``)."""
+
+    step = 256
+
+    def __init__(self, scheme, left_padding, *, seed=0, layer=0, key_calibration=None):
+        self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
+        self.stored = None
+        self.left_padding = mx.array(left_padding)
+        self.offset = mx.array([-p for p in left_padding])
+        self._idx = 0
+        self._right_padding = None
+
+    @classmethod
+    def merge(cls, caches):
+        first = cls._joining(caches)
+        lengths = [c.offset for c in caches]
+        max_length = max(lengths)
+        batch = cls(first.scheme, [max_length - n for n in lengths], seed=first.seed, layer=first.layer,
+                    key_calibration=first.key_calibration)
+        batch._adopt_statistics(caches)
+        arrays = [c._stored_slice() for c in caches]
+        like = next((a for a in arrays if a is not None), None)
+        if like is None:
+            return batch
+        rows = []
+        for n, a in zip(lengths, arrays):
+            pad = TurboQuantKVCache._empty_like(like, max_length - n)
+            rows.append([mx.concatenate([p, x], axis=2) for p, x in zip(pad, a)] if a is not None else
+                        TurboQuantKVCache._empty_like(like, max_length))
+        batch.stored = tuple(mx.concatenate(parts) for parts in zip(*rows))
+        batch.offset = batch.offset + max_length
+        batch._idx = max_length
+        return batch
 
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
@@ -126,7 +172,6 @@ class TurboQuantBatchKVCache:
         view = TurboKV(self.codec, history, exact_keys, exact_values)
         return view, view
 
-    # -- mlx-lm's batch contract ---------------------------------------------------
     make_mask = BatchKVCache.make_mask
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
@@ -137,12 +182,12 @@ class TurboQuantBatchKVCache:
             self.left_padding = self.left_padding + left_padding
             self.offset = self.offset - left_padding
         if lengths is not None:
-            self._lengths = mx.array(lengths)
+            self._prompt_lengths = mx.array(lengths)
         if right_padding is not None and max(right_padding) > 0:
             self._right_padding = mx.array(right_padding)
 
     def finalize(self):
-        self._lengths = None
+        self._prompt_lengths = None
         if self._right_padding is not None:
             padding = self._right_padding
             self.stored = tuple(dynamic_roll(a, padding[:, None], axis=2) for a in self.stored)
@@ -153,11 +198,7 @@ class TurboQuantBatchKVCache:
     def filter(self, batch_indices):
         if self.stored is not None:
             self.stored = tuple(a[batch_indices] for a in self.stored)
-        if self.codec is not None and self.codec.key_mean is not None:
-            scale = self.codec.key_scale
-            self.codec = self.codec.with_statistics(self.codec.key_mean[batch_indices],
-                                                    None if scale is None else scale[batch_indices])
-        self.calibrated = self.calibrated[batch_indices]
+        self._filter_statistics(batch_indices)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
         shift = min(self.left_padding.tolist())
@@ -168,18 +209,18 @@ class TurboQuantBatchKVCache:
             self.left_padding = self.left_padding - shift
 
     def extend(self, other):
-        if other.codec is not None and self.codec is None:
-            self.codec = other.codec.with_statistics(None, None)
         idx = max(self._idx, other._idx)
-        like = (self.stored or other.stored)
+        like = self.stored or other.stored
 
         def justified(c):
             rows = c.offset.shape[0]
+            if like is None:
+                return None, c.left_padding
             if c.stored is None:
-                arrays = [mx.zeros((rows, *a.shape[1:2], 0, *a.shape[3:]), a.dtype) for a in like] if like else None
+                arrays = [mx.zeros((rows, a.shape[1], 0, *a.shape[3:]), a.dtype) for a in like]
             else:
                 arrays = [a[..., : c._idx, :] for a in c.stored]
-            if arrays is not None and idx - c._idx:
+            if idx - c._idx:
                 arrays = [mx.concatenate([p, a], axis=2) for p, a in
                           zip(TurboQuantKVCache._empty_like(arrays, idx - c._idx), arrays)]
             return arrays, c.left_padding + (idx - c._idx)
@@ -188,18 +229,9 @@ class TurboQuantBatchKVCache:
         theirs, their_pad = justified(other)
         if mine is not None:
             self.stored = tuple(mx.concatenate(pair) for pair in zip(mine, theirs))
+        self._extend_statistics(other, self.offset.shape[0])
         self.left_padding = mx.concatenate([my_pad, their_pad])
         self.offset = mx.concatenate([self.offset, other.offset])
-        self.calibrated = mx.concatenate([self.calibrated, other.calibrated])
-        if self.codec is not None and (self.codec.key_mean is not None or other.codec is not None):
-            def stat(c, name, fill):
-                value = getattr(c.codec, name) if c.codec is not None else None
-                return value if value is not None else fill((c.offset.shape[0], self.codec.n_kv_heads, self.codec.key_dim))
-            mean = mx.concatenate([stat(self, "key_mean", mx.zeros), stat(other, "key_mean", mx.zeros)])
-            scale = None
-            if any(c.codec is not None and c.codec.key_scale is not None for c in (self, other)):
-                scale = mx.concatenate([stat(self, "key_scale", mx.ones), stat(other, "key_scale", mx.ones)])
-            self.codec = self.codec.with_statistics(mean, scale)
         self._idx = idx
 
     def extract(self, idx):
@@ -208,14 +240,10 @@ class TurboQuantBatchKVCache:
         padding = self.left_padding.tolist()[idx]
         if self.stored is not None:
             cache.stored = tuple(mx.contiguous(a[idx : idx + 1, :, padding : self._idx]) for a in self.stored)
-            scale = self.codec.key_scale
-            cache.codec = self.codec.with_statistics(
-                None if self.codec.key_mean is None else self.codec.key_mean[idx : idx + 1],
-                None if scale is None else scale[idx : idx + 1])
+            cache.codec = self._row_codec(idx)
             cache.offset = self._idx - padding
         return cache
 
-    # -- sizes and state -------------------------------------------------------------
     def size(self):
         return self._idx
 
@@ -237,5 +265,97 @@ class TurboQuantBatchKVCache:
 
     @property
     def state(self):
-        arrays = list(self.stored or ())
-        return [*arrays, self.offset, self.left_padding]
+        return [*(self.stored or ()), self.offset, self.left_padding]
+
+
+# mlx-lm's rotating batch logic moves exactly two arrays (keys, values) of one
+# dtype pair; the compressed arrays travel through it packed into two: the key
+# side carries both fp16 norms in one extra uint32 word, and with fp16 keys the
+# value codes (and their norm word) are viewed as the key dtype.
+def _pack_pair(codec, stored):
+    if codec.scheme.key_bits:
+        key_codes, key_norms, value_codes, value_norms = stored
+        norms = mx.concatenate([key_norms, value_norms], axis=-1).view(mx.uint32)
+        return mx.concatenate([key_codes, norms], axis=-1), value_codes
+    keys, value_codes, value_norms = stored
+    norm_word = mx.concatenate([value_norms, mx.zeros_like(value_norms)], axis=-1).view(mx.uint32)
+    return keys, mx.concatenate([value_codes, norm_word], axis=-1).view(keys.dtype)
+
+
+def _unpack_pair(codec, keys, values):
+    if codec.scheme.key_bits:
+        norms = keys[..., -1:].view(mx.float16)
+        return keys[..., :-1], norms[..., :1], values, norms[..., 1:]
+    words = values.view(mx.uint32)
+    return keys, words[..., :-1], words[..., -1:].view(mx.float16)[..., :1]
+
+
+class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
+    """The batch form of ``TurboQuantRotatingKVCache`` (mlx-lm's ``BatchRotatingKVCache``)."""
+
+    def __init__(self, max_size, left_padding, *, scheme=None, seed=0, layer=0, key_calibration=None):
+        BatchRotatingKVCache.__init__(self, max_size, left_padding)
+        self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
+
+    @property
+    def to_quantized(self):  # mlx-lm would swap a cache that has it for an affine one
+        raise AttributeError("to_quantized")
+
+    @classmethod
+    def merge(cls, caches):
+        first = cls._joining(caches)
+        if any(c.keep for c in caches):
+            raise ValueError("Batched sliding-window caches need keep=0 (as mlx-lm's).")
+        shims = []
+        for c in caches:
+            shim = RotatingKVCache(c.max_size, c.keep)
+            if c.stored is not None:
+                shim.keys, shim.values = _pack_pair(c.codec, c.stored)
+                shim.offset, shim._idx = c.offset, c._idx
+            shims.append(shim)
+        batch = BatchRotatingKVCache.merge.__func__(cls, shims)
+        batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
+        batch.key_calibration = first.key_calibration
+        batch._adopt_statistics(caches)
+        return batch
+
+    def update_and_fetch(self, keys, values):
+        _check_keys_values(keys, values)
+        self._ensure_codec(keys, values)
+        stored, exact_keys, exact_values = self.codec.encode(keys, values)
+        ring = _unpack_pair(self.codec, *BatchRotatingKVCache.update_and_fetch(self, *_pack_pair(self.codec, stored)))
+        n = keys.shape[2]
+        if n == 1:  # the whole ring in ring order, the new token included
+            view = TurboKV(self.codec, ring)
+        else:  # history in temporal order, then the chunk, which attends to itself exactly
+            history = tuple(a[..., :-n, :] for a in ring) if ring[0].shape[2] > n else None
+            view = TurboKV(self.codec, history, exact_keys, exact_values)
+        return view, view
+
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
+        if lengths is not None:
+            self._prompt_lengths = mx.array(lengths)
+        BatchRotatingKVCache.prepare(self, left_padding=left_padding, lengths=lengths, right_padding=right_padding)
+
+    def finalize(self):
+        self._prompt_lengths = None
+        BatchRotatingKVCache.finalize(self)
+
+    def filter(self, batch_indices):
+        BatchRotatingKVCache.filter(self, batch_indices)
+        self._filter_statistics(batch_indices)
+
+    def extend(self, other):
+        rows = self.offset.shape[0]
+        BatchRotatingKVCache.extend(self, other)
+        self._extend_statistics(other, rows)
+
+    def extract(self, idx):
+        plain = BatchRotatingKVCache.extract(self, idx)
+        cache = TurboQuantRotatingKVCache(self.scheme, self.max_size, 0, seed=self.seed, layer=self.layer,
+                                          key_calibration=self.key_calibration)
+        if self.keys is not None:
+            cache.stored = tuple(mx.contiguous(a) for a in _unpack_pair(self.codec, plain.keys, plain.values))
+            cache.codec = self._row_codec(idx)
+            cache.offset, cache._idx = plain.offset, plain._idx
+        return cache

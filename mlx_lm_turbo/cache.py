@@ -360,6 +360,13 @@ class TurboQuantRotatingKVCache(_TurboCache):
             self._idx -= trimmed
         return trimmed
 
+    @classmethod
+    def merge(cls, caches):
+        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
+        from .batch_cache import TurboQuantBatchRotatingKVCache
+
+        return TurboQuantBatchRotatingKVCache.merge(caches)
+
     def make_mask(self, N, window_size=None, return_array=False):
         source = self.uncompressed if self.uncompressed is not None else self
         return RotatingKVCache.make_mask(source, N, window_size=window_size, return_array=return_array)

@@ -105,3 +105,47 @@ def test_batch_of_empty_caches_then_extend_with_a_new_request():
     single, _ = single_run(*seqs[2], LENGTHS[2], "turbo4", None)
     for a, b in zip(batch.extract(2)._stored_slice(), single._stored_slice()):
         assert mx.array_equal(a, b).item()
+
+
+def rotating_single(k, v, q, n, scheme, max_size, decode):
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
+
+    cache = TurboQuantRotatingKVCache(scheme, max_size)
+    cache.update_and_fetch(k[:, :, :n], v[:, :, :n])
+    outs = []
+    for t in range(n, n + decode):
+        mask = cache.make_mask(1, window_size=max_size)
+        view, _ = cache.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        outs.append(turbo_scaled_dot_product_attention(q[:, :, t:t + 1], view, D**-0.5, mask))
+    return cache, mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
+def test_rotating_batch_equals_single_sequences(scheme):
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
+    from mlx_lm_turbo.batch_cache import TurboQuantBatchRotatingKVCache
+
+    max_size, decode = 16, 12  # windows wrap during decode
+    seqs = sequences([20, 7, 13])
+    lengths = [20, 7, 13]
+    batch = TurboQuantRotatingKVCache.merge([TurboQuantRotatingKVCache(scheme, max_size) for _ in seqs])
+    assert isinstance(batch, TurboQuantBatchRotatingKVCache) and not hasattr(batch, "to_quantized")
+    width = max(lengths)
+    batch.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+    batch.update_and_fetch(right_padded([s[0] for s in seqs], lengths), right_padded([s[1] for s in seqs], lengths))
+    batch.finalize()
+    outs = []
+    for step in range(min(decode, DECODE)):
+        pick = lambda j: mx.concatenate([s[j][:, :, n + step:n + step + 1] for s, n in zip(seqs, lengths)])
+        mask = batch.make_mask(1, window_size=max_size)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        outs.append(turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask))
+    out = mx.concatenate(outs, axis=2)
+    for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
+        single, expected = rotating_single(k, v, q, n, scheme, max_size, min(decode, DECODE))
+        assert mx.allclose(out[i:i + 1], expected, atol=1e-3).item(), i
+        extracted = batch.extract(i)
+        assert extracted.offset == single.offset
+        got = extracted.codec.decode(extracted._stored_slice())[1]
+        want = single.codec.decode(single._stored_slice())[1]
+        assert got.shape == want.shape

@@ -15,6 +15,7 @@ from mlx_lm.generate import batch_generate
 import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import parse_scheme
 from test_cli import BIN, _free_port
+from tiny_models import ARCHITECTURES
 
 
 def test_batch_generate_with_turbo_caches_matches_one_at_a_time(tiny_model, monkeypatch):
@@ -77,7 +78,7 @@ def text_of(reply):
     return reply["choices"][0]["message"]["content"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_concurrent_load_is_batched_and_matches_sequential(arch, tiny_model):
     server = Server(tiny_model(arch), "--kv-scheme", "turbo4")
     shared = "Once upon a time in a small village by the sea " * 3
