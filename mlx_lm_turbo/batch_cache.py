@@ -58,10 +58,7 @@ class _BatchStatistics:
         for c in caches:
             if c.scheme != first.scheme:
                 raise ValueError("Caches of different schemes cannot share a batch.")
-            if c.uncompressed is not None:
-                c.uncompressed_start, history = 0, c._uncompressed_history()
-                c.offset, c.uncompressed = 0, None
-                c.update_and_fetch(*history)
+            c.compress_now()
         if os.environ.get("MLX_LM_TURBO_LOG_BATCHES"):  # a diagnostic: one line per layer
             print(f"[mlx-lm-turbo] batching {len(caches)} sequences in layer {first.layer} "
                   f"(cached lengths {[c.offset for c in caches]})", file=sys.stderr, flush=True)

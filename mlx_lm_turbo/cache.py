@@ -115,19 +115,31 @@ class _TurboCache:
             if self.uncompressed is None:
                 self.uncompressed = self._make_uncompressed()
             return False
+        self._start_compression(keys, values)
+        return True
+
+    def _start_compression(self, incoming_keys=None, incoming_values=None):
+        """Build the codec, calibrated on the uncompressed history and the incoming keys,
+        and compress that history."""
         history = self._uncompressed_history() if self.uncompressed is not None else None
+        keys = incoming_keys if incoming_keys is not None else history[0]
+        values = incoming_values if incoming_values is not None else history[1]
         _install_attention_dispatch()
         self.codec = TurboCodec(
             self.scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
             n_kv_heads=keys.shape[1], dtype=keys.dtype, seed=self.seed, layer=self.layer,
             key_calibration=self.key_calibration,
         )
-        sample = keys if history is None else mx.concatenate([history[0], keys], axis=2)
-        self.codec.calibrate(sample)
+        parts = [a for a in (history[0] if history else None, incoming_keys) if a is not None]
+        self.codec.calibrate(mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0])
         self.uncompressed = None
         if history is not None:
             self._store_history(self.codec.encode(*history)[0])
-        return True
+
+    def compress_now(self):
+        """End the uncompressed start early (a sequence joining a batch is compressed)."""
+        if self.uncompressed is not None:
+            self._start_compression()
 
     # -- mlx-lm's cache contract ---------------------------------------------
     def empty(self):

@@ -149,3 +149,19 @@ def test_rotating_batch_equals_single_sequences(scheme):
         got = extracted.codec.decode(extracted._stored_slice())[1]
         want = single.codec.decode(single._stored_slice())[1]
         assert got.shape == want.shape
+
+
+@pytest.mark.parametrize("rotating", [False, True])
+def test_a_cache_in_its_uncompressed_start_is_compressed_when_it_joins_a_batch(rotating):
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
+
+    k, v, _ = sequences([40])[0]
+    make = (lambda: TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=100)) if rotating else \
+        (lambda: TurboQuantKVCache("turbo4", uncompressed_start=100))
+    cache = make()
+    cache.update_and_fetch(k[:, :, :40], v[:, :, :40])
+    assert cache.uncompressed is not None and cache.offset == 40
+    batch = type(cache).merge([cache, make()])
+    assert cache.uncompressed is None and cache.codec is not None
+    assert cache.offset == 40  # positions are kept (RoPE continues from here)
+    assert batch.offset.tolist()[0] == 40
