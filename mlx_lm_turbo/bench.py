@@ -228,6 +228,18 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
+def _finish(plt, fig, ax, path, xlabel, ylabel):
+    """Log-scale y, labels, grid and legend, then save and close the figure."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plots(results, out_dir):
     import matplotlib
 
@@ -244,14 +256,8 @@ def plots(results, out_dir):
                     label=f"{family} (mlx-lm --kv-bits)" if family == "affine" else "TurboQuant")
             for x, y, name in pts:
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xlabel("bits per value")
-    ax.set_ylabel(f"KL vs fp16 cache (nats/token), {context}-token context")
-    ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "kl_vs_bits.png", dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, out_dir / "kl_vs_bits.png", "bits per value",
+            f"KL vs fp16 cache (nats/token), {context}-token context")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lengths = [2**k for k in range(10, 18)]
@@ -262,14 +268,8 @@ def plots(results, out_dir):
     for m in results["peak_memory"]:
         ax.scatter([m["context"]], [m["bytes"] / 2**30], marker="x", color="black")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("KV cache (GiB); x = measured peak prefill memory")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "memory_vs_context.png", dpi=120)
-    plt.close(fig)
+    _finish(plt, fig, ax, out_dir / "memory_vs_context.png", "context length (tokens)",
+            "KV cache (GiB); x = measured peak prefill memory")
 
 
 def write(results, out_dir):
