@@ -48,7 +48,9 @@ class _BatchStatistics:
     def _init_statistics(self, scheme, rows, seed, layer, key_calibration):
         self.scheme, self.seed, self.layer, self.key_calibration = scheme, seed, layer, key_calibration
         self.codec = None
-        self.calibrated = mx.zeros((rows,), mx.bool_)  # rows whose statistics exist
+        # Rows whose statistics exist, kept on the host: checked on every update,
+        # so it must not cost a device sync per decode step.
+        self.calibrated = [False] * rows
         self._prompt_lengths = None
 
     @staticmethod
@@ -72,15 +74,14 @@ class _BatchStatistics:
         ones = [1] * len(caches)
         self.codec = template.with_statistics(_concat_statistic(codecs, ones, "key_mean", mx.zeros_like),
                                               _concat_statistic(codecs, ones, "key_scale", mx.ones_like))
-        self.calibrated = mx.array([c is not None for c in codecs])
+        self.calibrated = [c is not None for c in codecs]
 
     def _ensure_codec(self, keys, values):
         if self.codec is None:
             _install_attention_dispatch()
-            self.codec = TurboCodec(self.scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
-                                    n_kv_heads=keys.shape[1], dtype=keys.dtype, seed=self.seed,
-                                    layer=self.layer, key_calibration=self.key_calibration)
-        if self.codec.key_calibration == "none" or self.calibrated.all().item():
+            self.codec = TurboCodec.for_keys(self.scheme, keys, values, seed=self.seed, layer=self.layer,
+                                             key_calibration=self.key_calibration)
+        if self.codec.key_calibration == "none" or all(self.calibrated):
             return
         # Rows without statistics measure them on this chunk's real tokens.
         position = self._idx + mx.arange(keys.shape[2])
@@ -88,27 +89,28 @@ class _BatchStatistics:
         if self._prompt_lengths is not None:
             valid = valid & (mx.arange(keys.shape[2])[None] < self._prompt_lengths[:, None])
         mean, scale = self.codec.key_statistics(keys, valid, per_row=True)
-        keep = self.calibrated[:, None, None]
+        keep = mx.array(self.calibrated)[:, None, None]
         mean = _rows(keep, self.codec.key_mean, mean, mx.zeros_like)
         scale = _rows(keep, self.codec.key_scale, scale, mx.ones_like)
         self.codec = self.codec.with_statistics(mean, scale)
-        self.calibrated = self.calibrated | valid.any(axis=1)
+        self.calibrated = [a or b for a, b in zip(self.calibrated, valid.any(axis=1).tolist())]
 
     def _filter_statistics(self, batch_indices):
         if self.codec is not None and self.codec.key_mean is not None:
             scale = self.codec.key_scale
             self.codec = self.codec.with_statistics(self.codec.key_mean[batch_indices],
                                                     None if scale is None else scale[batch_indices])
-        self.calibrated = self.calibrated[batch_indices]
+        indices = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
+        self.calibrated = [self.calibrated[i] for i in indices]
 
     def _extend_statistics(self, other, my_rows):
         codecs = [self.codec, other.codec]
         template = next((c for c in codecs if c is not None), None)
         if template is not None:
-            rows = [my_rows, other.calibrated.shape[0]]
+            rows = [my_rows, len(other.calibrated)]
             self.codec = template.with_statistics(_concat_statistic(codecs, rows, "key_mean", mx.zeros_like),
                                                   _concat_statistic(codecs, rows, "key_scale", mx.ones_like))
-        self.calibrated = mx.concatenate([self.calibrated, other.calibrated])
+        self.calibrated = self.calibrated + other.calibrated
 
     def _row_codec(self, idx):
         scale, mean = self.codec.key_scale, self.codec.key_mean

@@ -125,11 +125,8 @@ class _TurboCache:
         keys = incoming_keys if incoming_keys is not None else history[0]
         values = incoming_values if incoming_values is not None else history[1]
         _install_attention_dispatch()
-        self.codec = TurboCodec(
-            self.scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
-            n_kv_heads=keys.shape[1], dtype=keys.dtype, seed=self.seed, layer=self.layer,
-            key_calibration=self.key_calibration,
-        )
+        self.codec = TurboCodec.for_keys(self.scheme, keys, values, seed=self.seed, layer=self.layer,
+                                         key_calibration=self.key_calibration)
         parts = [a for a in (history[0] if history else None, incoming_keys) if a is not None]
         self.codec.calibrate(mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0])
         self.uncompressed = None

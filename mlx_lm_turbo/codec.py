@@ -99,6 +99,12 @@ class TurboCodec:
         self.key_mean = None  # (1 or batch, n_kv_heads, key_dim) float32, set by calibrate()
         self.key_scale = None
 
+    @classmethod
+    def for_keys(cls, scheme, keys, values, **options):
+        """The codec for K/V shaped and typed like ``keys`` and ``values`` (B, H, T, D)."""
+        return cls(scheme, key_dim=keys.shape[3], value_dim=values.shape[3],
+                   n_kv_heads=keys.shape[1], dtype=keys.dtype, **options)
+
     def __deepcopy__(self, memo):
         # Never mutated once calibrated, so cache copies can share it (and MLX
         # dtypes cannot be deep-copied).
