@@ -158,7 +158,6 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self._ensure_codec(keys, values)
         stored, exact_keys, exact_values = self.codec.encode(keys, values)
         prev, n = self._idx, keys.shape[2]
-        history = tuple(a[..., :prev, :] for a in self.stored) if self.stored is not None and prev else None
         if self.stored is None or prev + n > self.stored[0].shape[2]:
             grown = TurboQuantKVCache._empty_like(stored, (self.step + n - 1) // self.step * self.step)
             if self.stored is not None:
@@ -168,6 +167,8 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             s[..., prev : prev + n, :] = a
         self.offset = self.offset + n
         self._idx += n
+        # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
+        history = tuple(a[..., :prev, :] for a in self.stored) if prev else None
         view = TurboKV(self.codec, history, exact_keys, exact_values)
         return view, view
 

@@ -274,8 +274,11 @@ class TurboQuantKVCache(_TurboCache):
         self.offset += n
 
     def _update_compressed(self, stored, exact_keys, exact_values):
-        history = self._stored_slice() if self.offset else None
+        prev = self.offset
         self._store(stored)
+        # Sliced after storing: a slice taken before would pin the old buffer, so the
+        # store could not write in place and would copy the whole layer's cache.
+        history = tuple(a[..., :prev, :] for a in self.stored) if prev else None
         return TurboKV(self.codec, history, exact_keys, exact_values)
 
     def make_mask(self, *args, **kwargs):
