@@ -18,7 +18,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from .codebooks import boundaries, check_head_dim, codebook
-from .packing import pack, packed_words, unpack
+from .packing import pack, packed_words, three_bit_groups, unpack, unpack_three_bit_groups
 from .rotation import rotation
 from .schemes import KVScheme, parse_scheme
 
@@ -60,9 +60,17 @@ def _dequantizer(bits: int, head_dim: int, dtype):
 
     if 32 % bits == 0 and head_dim * bits % 32 == 0:
         # Word-aligned widths unpack with broadcast shifts alone: compiled once for
-        # every cache length, the shifts, masks and scaling fuse. (The 3-bit unpack
-        # gathers, which gave wrong results under shapeless compile here.)
+        # every cache length, the shifts, masks and scaling fuse.
         return mx.compile(dequantize, shapeless=True)
+    if bits == 3 and head_dim % 32 == 0:
+        # Slicing cannot be compiled shapeless, so the words are split into each
+        # group's three outside, and the shifts and scaling inside, fused.
+        def dequantize_groups(w0, w1, w2, norms):
+            return levels[unpack_three_bit_groups(w0, w1, w2)] * norms.astype(dtype)
+
+        compiled = mx.compile(dequantize_groups, shapeless=True)
+        return lambda codes, norms: compiled(*three_bit_groups(codes, head_dim), norms)
+    # Gathers (3 bits at head dims 80 and 112) gave wrong results under shapeless compile.
     return dequantize
 
 

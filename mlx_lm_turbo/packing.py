@@ -71,6 +71,31 @@ def pack(indices: mx.array, bits: int) -> mx.array:
     return pieces.sum(axis=-1).astype(mx.uint32)
 
 
+def three_bit_groups(words: mx.array, dim: int):
+    """For 3-bit streams of whole 32-value groups (``dim % 32 == 0``): the first,
+    second and third word of every group, as strided views; else None."""
+    if dim % 32:
+        return None
+    return words[..., 0::3], words[..., 1::3], words[..., 2::3]
+
+
+def unpack_three_bit_groups(w0: mx.array, w1: mx.array, w2: mx.array) -> mx.array:
+    """The 32 values of each group from its three words: shifts and masks only, so
+    (unlike the strided slicing before it) safe under shapeless compile."""
+    w0, w1, w2 = w0[..., None], w1[..., None], w2[..., None]
+    # Group value j sits at bit 3j: values 0-9 in word 0, 11-20 in word 1, 22-31 in
+    # word 2; value 10 starts at bit 30 of word 0 and value 21 at bit 31 of word 1.
+    shifts = mx.arange(0, 30, 3, dtype=mx.uint32)
+    values = mx.concatenate([
+        w0 >> shifts,
+        (w0 >> 30) | (w1 << 2),
+        w1 >> (shifts + 1),
+        (w1 >> 31) | (w2 << 1),
+        w2 >> (shifts + 2),
+    ], axis=-1)
+    return mx.flatten(values & 7, -2, -1)
+
+
 def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
     """(..., packed_words(dim, bits)) uint32 -> (..., dim) uint32 indices."""
     if 32 % bits == 0 and dim * bits % 32 == 0:
@@ -78,6 +103,8 @@ def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
         shifts = mx.arange(0, 32, bits, dtype=mx.uint32)
         values = (words[..., None] >> shifts) & ((1 << bits) - 1)
         return mx.flatten(values, -2, -1)  # flatten, not reshape: safe under shapeless compile
+    if bits == 3 and dim % 32 == 0:
+        return unpack_three_bit_groups(*three_bit_groups(words, dim))
     layout = _layout(dim, bits)
     values = mx.take(words, layout["word"], axis=-1) >> layout["shift"]
     if layout["spills"]:

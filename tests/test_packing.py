@@ -45,3 +45,20 @@ def test_bit_layout_is_little_endian_stream():
 def test_unpackable_width_is_refused():
     with pytest.raises(ValueError, match="cannot pack 5-bit"):
         pack(mx.zeros((32,), mx.uint32), 5)
+
+
+@pytest.mark.parametrize("bits", PACKABLE_BITS)
+@pytest.mark.parametrize("dim", [64, 80, 128])
+def test_dequantize_matches_codebook_lookup_at_every_length(bits, dim):
+    # The dequantizer is compiled shapeless where it can be: one trace must serve
+    # every cache length and batch size, so vary both.
+    from mlx_lm_turbo.codebooks import codebook
+    from mlx_lm_turbo.codec import dequantize_rotated
+
+    rng = np.random.default_rng(bits * dim)
+    for batch, tokens in [(1, 1), (2, 7), (1, 300), (3, 2)]:
+        indices = rng.integers(0, 2**bits, size=(batch, 3, tokens, dim))
+        norms = mx.array(rng.uniform(0.5, 2.0, size=(batch, 3, tokens, 1))).astype(mx.float16)
+        got = dequantize_rotated(pack(mx.array(indices), bits), norms, bits, dim, mx.float16)
+        expected = codebook(dim, bits).astype(mx.float16)[mx.array(indices)] * norms
+        assert mx.array_equal(got, expected), (batch, tokens)
