@@ -168,8 +168,8 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self.offset = self.offset + n
         self._idx += n
         # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
-        history = tuple(a[..., :prev, :] for a in self.stored) if prev else None
-        view = TurboKV(self.codec, history, exact_keys, exact_values)
+        attended = tuple(a[..., :self._idx, :] for a in self.stored) if prev else None
+        view = TurboKV(self.codec, attended, exact_keys, exact_values)
         return view, view
 
     make_mask = BatchKVCache.make_mask
@@ -328,8 +328,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         if n == 1:  # the whole ring in ring order, the new token included
             view = TurboKV(self.codec, ring)
         else:  # history in temporal order, then the chunk, which attends to itself exactly
-            history = tuple(a[..., :-n, :] for a in ring) if ring[0].shape[2] > n else None
-            view = TurboKV(self.codec, history, exact_keys, exact_values)
+            view = TurboKV(self.codec, ring if ring[0].shape[2] > n else None, exact_keys, exact_values)
         return view, view
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):

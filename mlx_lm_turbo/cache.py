@@ -23,9 +23,11 @@ from .schemes import parse_scheme
 class TurboKV:
     """Keys and values as a turbo cache hands them to attention.
 
-    ``stored`` holds compressed history (or None); ``new_keys``/``new_values``
-    the current chunk exactly, already in the rotated, calibrated domain.
-    Models pass it through to ``scaled_dot_product_attention`` untouched.
+    ``stored`` holds the compressed arrays of every token attended to, or None
+    when the current chunk is all there is; ``new_keys``/``new_values`` hold
+    the current chunk (the last tokens) exactly, already in the rotated,
+    calibrated domain. Models pass it through to ``scaled_dot_product_attention``
+    untouched.
     """
 
     __slots__ = ("codec", "stored", "new_keys", "new_values")
@@ -37,22 +39,22 @@ class TurboKV:
     @property
     def shape(self):
         """Shape of the keys this stands for, (B, H, T, key_dim)."""
-        parts = [a.shape for a in (self.stored[0] if self.stored else None, self.new_keys) if a is not None]
-        tokens = sum(s[2] for s in parts)
-        return (*parts[0][:2], tokens, self.codec.key_dim)
+        tokens = self.stored[0] if self.stored is not None else self.new_keys
+        return (*tokens.shape[:3], self.codec.key_dim)
 
     def keys_and_values(self):
-        keys, values = [], []
-        if self.stored is not None:
-            k, v = self.codec.decode(self.stored)
-            keys.append(k)
-            values.append(v)
+        if self.stored is None:
+            return self.new_keys, self.new_values
+        keys, values = self.codec.decode(self.stored)
         if self.new_keys is not None:
-            keys.append(self.new_keys)
-            values.append(self.new_values)
-        if len(keys) == 1:
-            return keys[0], values[0]
-        return mx.concatenate(keys, axis=2), mx.concatenate(values, axis=2)
+            # Overwrite the chunk's dequantized rows with its exact keys and values.
+            # The dequantized arrays are fresh, so this writes in place where a
+            # concatenation would copy the whole layer's K/V once more.
+            n = self.new_keys.shape[2]
+            if self.codec.scheme.key_bits:  # fp16 keys are stored exactly already
+                keys[..., -n:, :] = self.new_keys
+            values[..., -n:, :] = self.new_values
+        return keys, values
 
 
 def _install_attention_dispatch():
@@ -274,12 +276,11 @@ class TurboQuantKVCache(_TurboCache):
         self.offset += n
 
     def _update_compressed(self, stored, exact_keys, exact_values):
-        prev = self.offset
+        had_history = self.offset > 0
         self._store(stored)
         # Sliced after storing: a slice taken before would pin the old buffer, so the
         # store could not write in place and would copy the whole layer's cache.
-        history = tuple(a[..., :prev, :] for a in self.stored) if prev else None
-        return TurboKV(self.codec, history, exact_keys, exact_values)
+        return TurboKV(self.codec, self._stored_slice() if had_history else None, exact_keys, exact_values)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
@@ -320,10 +321,12 @@ class TurboQuantRotatingKVCache(_TurboCache):
         self.stored, self._idx = tuple(new), new[0].shape[2]
 
     def _update_concat(self, new):
-        history = None
+        """Append a multi-token chunk; the stored arrays to attend to, None if it is the first."""
         if self.stored is None:
             self.stored = tuple(new)
+            had_history = False
         else:
+            had_history = True
             ordered = [self._temporal_order(a) for a in self.stored]
             self._idx = ordered[0].shape[2]
             # Keep max_size - 1 old tokens so every new token sees a full window.
@@ -332,7 +335,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
             self.stored = tuple(mx.concatenate([h, a], axis=2) for h, a in zip(history, new))
         self.offset += new[0].shape[2]
         self._idx = self.stored[0].shape[2]
-        return history
+        return self.stored if had_history else None
 
     def _update_in_place(self, new):
         n, prev = new[0].shape[2], self.offset

@@ -125,7 +125,8 @@ def test_uncompressed_start_keeps_first_tokens_in_fp16():
     assert isinstance(out[0], mx.array) and cache.codec is None and cache.offset == 200
     out, _ = cache.update_and_fetch(keys[:, :, 200:], values[:, :, 200:])
     assert isinstance(out, TurboKV) and cache.uncompressed is None and cache.offset == 300
-    assert out.stored[0].shape[2] == 200  # the fp16 history was compressed at the switch
+    # The fp16 history was compressed at the switch: everything is stored, the chunk also exactly.
+    assert out.stored[0].shape[2] == 300 and out.new_keys.shape[2] == 100
 
 
 @pytest.mark.parametrize("max_size, keep, chunks", [
