@@ -84,16 +84,21 @@ class _BatchStatistics:
         if self.codec.key_calibration == "none" or all(self.calibrated):
             return
         # Rows without statistics measure them on this chunk's real tokens.
-        position = self._idx + mx.arange(keys.shape[2])
-        valid = position[None] >= self.left_padding[:, None]
-        if self._prompt_lengths is not None:
-            valid = valid & (mx.arange(keys.shape[2])[None] < self._prompt_lengths[:, None])
+        valid = self._real_tokens(keys.shape[2])
         mean, scale = self.codec.key_statistics(keys, valid, per_row=True)
         keep = mx.array(self.calibrated)[:, None, None]
         mean = _rows(keep, self.codec.key_mean, mean, mx.zeros_like)
         scale = _rows(keep, self.codec.key_scale, scale, mx.ones_like)
         self.codec = self.codec.with_statistics(mean, scale)
         self.calibrated = [a or b for a, b in zip(self.calibrated, valid.any(axis=1).tolist())]
+
+    def _real_tokens(self, n):
+        """(B, n) bool: which of an incoming chunk's n tokens are real, not padding."""
+        position = self._idx + mx.arange(n)
+        valid = position[None] >= self.left_padding[:, None]
+        if self._prompt_lengths is not None:  # a right-padded prefill
+            valid = valid & (mx.arange(n)[None] < self._prompt_lengths[:, None])
+        return valid
 
     def _filter_statistics(self, batch_indices):
         if self.codec is not None and self.codec.key_mean is not None:
@@ -123,9 +128,15 @@ class TurboQuantBatchKVCache(_BatchStatistics):
 
     step = 256
 
-    def __init__(self, scheme, left_padding, *, seed=0, layer=0, key_calibration=None):
+    def __init__(self, scheme, left_padding, *, seed=0, layer=0, key_calibration=None, sink_tokens=None):
         self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
         self.stored = None
+        # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
+        # (B, H, sink_tokens, D) keys and values, of which each row has filled
+        # sink_counts[row] (on the host, like ``calibrated``).
+        self.sink_tokens = TurboQuantKVCache.sink_tokens if sink_tokens is None else sink_tokens
+        self.sinks = None
+        self.sink_counts = [0] * len(left_padding)
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
@@ -137,8 +148,9 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         lengths = [c.offset for c in caches]
         max_length = max(lengths)
         batch = cls(first.scheme, [max_length - n for n in lengths], seed=first.seed, layer=first.layer,
-                    key_calibration=first.key_calibration)
+                    key_calibration=first.key_calibration, sink_tokens=first.sink_tokens)
         batch._adopt_statistics(caches)
+        batch._adopt_sinks(caches)
         arrays = [c._stored_slice() for c in caches]
         like = next((a for a in arrays if a is not None), None)
         if like is None:
@@ -157,6 +169,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         _check_keys_values(keys, values)
         self._ensure_codec(keys, values)
         stored, exact_keys, exact_values = self.codec.encode(keys, values)
+        self._keep_sinks(exact_keys, exact_values)
         prev, n = self._idx, keys.shape[2]
         if self.stored is None or prev + n > self.stored[0].shape[2]:
             grown = TurboQuantKVCache._empty_like(stored, (self.step + n - 1) // self.step * self.step)
@@ -169,8 +182,55 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self._idx += n
         # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
         attended = tuple(a[..., :self._idx, :] for a in self.stored) if prev else None
-        view = TurboKV(self.codec, attended, exact_keys, exact_values)
+        view = TurboKV(self.codec, attended, exact_keys, exact_values, self._sink_view())
         return view, view
+
+    # -- sink tokens -----------------------------------------------------------
+    def _keep_sinks(self, exact_keys, exact_values):
+        """Fill each row's sink slots from this chunk's first real tokens."""
+        S = self.sink_tokens
+        if min(self.sink_counts, default=S) >= S:
+            return
+        counts = mx.array(self.sink_counts)
+        # Slot j of a row takes the (j - count + 1)-th real token of the chunk.
+        rank = mx.cumsum(self._real_tokens(exact_keys.shape[2]).astype(mx.int32), axis=1)
+        wanted = mx.arange(S)[None] - counts[:, None] + 1
+        reached = rank[:, None, :] >= wanted[:, :, None]  # (B, S, n)
+        fill = (wanted >= 1) & reached.any(axis=2)
+        source = mx.argmax(reached, axis=2)[:, None, :, None]
+        if self.sinks is None:
+            self.sinks = tuple(mx.zeros((*a.shape[:2], S, a.shape[3]), a.dtype) for a in (exact_keys, exact_values))
+        self.sinks = tuple(mx.where(fill[:, None, :, None], mx.take_along_axis(a, source, axis=2), old)
+                           for a, old in zip((exact_keys, exact_values), self.sinks))
+        # A device sync, but only while some row still lacks its sink tokens.
+        self.sink_counts = (counts + fill.sum(axis=1)).tolist()
+
+    def _sink_view(self):
+        """(keys, values, positions) for TurboKV: slot j of a row sits behind its left
+        padding; unfilled slots point at the last position, which the chunk overwrites."""
+        if self.sinks is None:
+            return None
+        slots = mx.arange(self.sink_tokens)[None]
+        positions = mx.where(slots < mx.array(self.sink_counts)[:, None],
+                             self.left_padding[:, None] + slots, self._idx - 1)
+        return (*self.sinks, positions[:, None, :, None])
+
+    def _adopt_sinks(self, caches):
+        like = next((c.sinks for c in caches if c.sinks is not None), None)
+        self.sink_counts = [0 if c.sinks is None else c.sinks[0].shape[2] for c in caches]
+        if like is not None:
+            self.sinks = tuple(mx.concatenate([
+                self._padded_sinks(None if c.sinks is None else c.sinks[i], like[i]) for c in caches])
+                for i in range(2))
+
+    def _padded_sinks(self, sinks, like, rows=1):
+        """One cache's sink array (or None) with all ``sink_tokens`` slots."""
+        if sinks is None:
+            return mx.zeros((rows, like.shape[1], self.sink_tokens, like.shape[3]), like.dtype)
+        pad = self.sink_tokens - sinks.shape[2]
+        if pad == 0:
+            return sinks
+        return mx.concatenate([sinks, mx.zeros((*sinks.shape[:2], pad, sinks.shape[3]), sinks.dtype)], axis=2)
 
     make_mask = BatchKVCache.make_mask
 
@@ -198,7 +258,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
     def filter(self, batch_indices):
         if self.stored is not None:
             self.stored = tuple(a[batch_indices] for a in self.stored)
+        if self.sinks is not None:
+            self.sinks = tuple(a[batch_indices] for a in self.sinks)
         self._filter_statistics(batch_indices)
+        indices = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
+        self.sink_counts = [self.sink_counts[i] for i in indices]
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
         shift = min(self.left_padding.tolist())
@@ -229,6 +293,12 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         theirs, their_pad = justified(other)
         if mine is not None:
             self.stored = tuple(mx.concatenate(pair) for pair in zip(mine, theirs))
+        like = self.sinks or other.sinks
+        if like is not None:
+            rows = (self.offset.shape[0], other.offset.shape[0])
+            self.sinks = tuple(mx.concatenate([self._padded_sinks(None if c.sinks is None else c.sinks[i], like[i], n)
+                                               for c, n in zip((self, other), rows)]) for i in range(2))
+        self.sink_counts = self.sink_counts + other.sink_counts
         self._extend_statistics(other, self.offset.shape[0])
         self.left_padding = mx.concatenate([my_pad, their_pad])
         self.offset = mx.concatenate([self.offset, other.offset])
@@ -237,11 +307,14 @@ class TurboQuantBatchKVCache(_BatchStatistics):
     def extract(self, idx):
         cache = TurboQuantKVCache(self.scheme, seed=self.seed, layer=self.layer,
                                   key_calibration=self.key_calibration)
+        cache.sink_tokens = self.sink_tokens
         padding = self.left_padding.tolist()[idx]
         if self.stored is not None:
             cache.stored = tuple(mx.contiguous(a[idx : idx + 1, :, padding : self._idx]) for a in self.stored)
             cache.codec = self._row_codec(idx)
             cache.offset = self._idx - padding
+        if self.sink_counts[idx]:
+            cache.sinks = tuple(mx.contiguous(a[idx : idx + 1, :, : self.sink_counts[idx]]) for a in self.sinks)
         return cache
 
     def size(self):
@@ -257,15 +330,18 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         n = min(self._idx, n)
         self._idx -= n
         self.offset = self.offset - n
+        if any(self.sink_counts):  # rows left with fewer real tokens than sinks keep fewer
+            real = [max(self._idx - p, 0) for p in self.left_padding.tolist()]
+            self.sink_counts = [min(c, r) for c, r in zip(self.sink_counts, real)]
         return n
 
     @property
     def nbytes(self):
-        return sum(a.nbytes for a in self.stored) if self.stored is not None else 0
+        return sum(a.nbytes for a in (*(self.stored or ()), *(self.sinks or ())))
 
     @property
     def state(self):
-        return [*(self.stored or ()), self.offset, self.left_padding]
+        return [*(self.stored or ()), *(self.sinks or ()), self.offset, self.left_padding]
 
 
 # mlx-lm's rotating batch logic moves exactly two arrays (keys, values) of one

@@ -26,15 +26,17 @@ class TurboKV:
     ``stored`` holds the compressed arrays of every token attended to, or None
     when the current chunk is all there is; ``new_keys``/``new_values`` hold
     the current chunk (the last tokens) exactly, already in the rotated,
-    calibrated domain. Models pass it through to ``scaled_dot_product_attention``
-    untouched.
+    calibrated domain; ``sinks`` (keys, values, positions) the sequence's first
+    tokens exactly, at positions (B, 1, S, 1) in a batch (None: the first S).
+    Models pass it through to ``scaled_dot_product_attention`` untouched.
     """
 
-    __slots__ = ("codec", "stored", "new_keys", "new_values")
+    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks")
 
-    def __init__(self, codec, stored, new_keys=None, new_values=None):
+    def __init__(self, codec, stored, new_keys=None, new_values=None, sinks=None):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
+        self.sinks = sinks
 
     @property
     def shape(self):
@@ -46,12 +48,25 @@ class TurboKV:
         if self.stored is None:
             return self.new_keys, self.new_values
         keys, values = self.codec.decode(self.stored)
+        # Rows kept exact overwrite their dequantized copies: the sink tokens, then
+        # the chunk (which wins where they meet). The dequantized arrays are fresh,
+        # so this writes in place where a concatenation would copy the layer's K/V
+        # once more. fp16 keys are stored exactly already.
+        exact_keys = bool(self.codec.scheme.key_bits)
+        if self.sinks is not None:
+            sink_keys, sink_values, positions = self.sinks
+            if positions is None:
+                n = sink_keys.shape[2]
+                if exact_keys:
+                    keys[..., :n, :] = sink_keys
+                values[..., :n, :] = sink_values
+            else:
+                if exact_keys:
+                    keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
+                values = mx.put_along_axis(values, positions, sink_values, axis=2)
         if self.new_keys is not None:
-            # Overwrite the chunk's dequantized rows with its exact keys and values.
-            # The dequantized arrays are fresh, so this writes in place where a
-            # concatenation would copy the whole layer's K/V once more.
             n = self.new_keys.shape[2]
-            if self.codec.scheme.key_bits:  # fp16 keys are stored exactly already
+            if exact_keys:
                 keys[..., -n:, :] = self.new_keys
             values[..., -n:, :] = self.new_values
         return keys, values
@@ -76,9 +91,12 @@ def _check_keys_values(keys, values):
 
 
 class _TurboCache:
-    """What both cache layouts share: the codec, the fp16 start, state, sizes."""
+    """What both cache layouts share: the codec, the fp16 start, sink tokens, state, sizes."""
 
     step = 256
+    # Every later query attends to a sequence's first tokens (attention sinks), so
+    # their quantization error reaches every step: this many are also kept exact.
+    sink_tokens = 4
 
     def __init__(self, scheme, *, seed=0, layer=0, uncompressed_start=0, key_calibration=None):
         self.scheme = parse_scheme(scheme)
@@ -93,6 +111,7 @@ class _TurboCache:
         self.codec = None  # built when compression starts
         self.stored = None  # compressed arrays, token axis 2
         self.uncompressed = None  # mlx-lm cache holding the tokens before compression starts
+        self.sinks = None  # exact (keys, values) of the first tokens, attention domain
 
     # -- the uncompressed start and the switch to compression ---------------
     def _make_uncompressed(self):
@@ -133,7 +152,23 @@ class _TurboCache:
         self.codec.calibrate(mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0])
         self.uncompressed = None
         if history is not None:
-            self._store_history(self.codec.encode(*history)[0])
+            stored, exact_keys, exact_values = self.codec.encode(*history)
+            self._keep_sinks(exact_keys, exact_values)
+            self._store_history(stored)
+
+    def _keep_sinks(self, exact_keys, exact_values):
+        """Keep the exact K/V of a chunk's tokens that are among the first ``sink_tokens``."""
+        have = 0 if self.sinks is None else self.sinks[0].shape[2]
+        take = min(self.sink_tokens - have, exact_keys.shape[2])
+        if take <= 0:
+            return
+        new = (exact_keys[:, :, :take], exact_values[:, :, :take])
+        self.sinks = new if self.sinks is None else tuple(
+            mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
+
+    def _view(self, stored, exact_keys=None, exact_values=None):
+        sinks = None if self.sinks is None else (*self.sinks, None)
+        return TurboKV(self.codec, stored, exact_keys, exact_values, sinks)
 
     def compress_now(self):
         """End the uncompressed start early (a sequence joining a batch is compressed)."""
@@ -157,11 +192,13 @@ class _TurboCache:
             return n
         n = min(self.offset, n)
         self.offset -= n
+        if self.sinks is not None and self.sinks[0].shape[2] > self.offset:
+            self.sinks = tuple(a[:, :, : self.offset] for a in self.sinks) if self.offset else None
         return n
 
     @property
     def nbytes(self):
-        arrays = list(self.stored or ())
+        arrays = list(self.stored or ()) + list(self.sinks or ())
         if self.codec is not None:
             arrays += [a for a in (self.codec.key_mean, self.codec.key_scale) if a is not None]
         total = sum(a.nbytes for a in arrays)
@@ -175,7 +212,7 @@ class _TurboCache:
         meta = {
             "scheme": self.scheme.name, "seed": self.seed, "layer": self.layer,
             "uncompressed_start": self.uncompressed_start, "key_calibration": self.key_calibration,
-            "offset": self.offset, "codec": self.codec.meta() if self.codec else None,
+            "sink_tokens": self.sink_tokens, "offset": self.offset, "codec": self.codec.meta() if self.codec else None,
             **self._extra_meta(),
         }
         return (json.dumps(meta),)
@@ -187,7 +224,7 @@ class _TurboCache:
         self.seed, self.layer = meta["seed"], meta["layer"]
         self.uncompressed_start = meta["uncompressed_start"]
         self.key_calibration = meta["key_calibration"]
-        self.offset = meta["offset"]
+        self.sink_tokens, self.offset = meta["sink_tokens"], meta["offset"]
         self._set_extra_meta(meta)
         self._codec_meta = meta["codec"]
 
@@ -218,7 +255,8 @@ class _TurboCache:
 
     @property
     def state(self):
-        """[meta json, key mean, key scale, *arrays]: flat, so a saved file round-trips."""
+        """[meta json, key mean, key scale, sink keys, sink values, *arrays]: flat, so a
+        saved file round-trips."""
         if self.codec is not None:
             arrays = list(self._stored_slice() or ())
             mean, scale = self.codec.key_mean, self.codec.key_scale
@@ -226,13 +264,15 @@ class _TurboCache:
             arrays, mean, scale = list(self.uncompressed.state), None, None
         else:
             arrays, mean, scale = [], None, None
-        return [self.meta_state[0], mean, scale, *arrays]
+        sink_keys, sink_values = self.sinks or (None, None)
+        return [self.meta_state[0], mean, scale, sink_keys, sink_values, *arrays]
 
     @state.setter
     def state(self, v):
-        meta, mean, scale, *arrays = v
+        meta, mean, scale, sink_keys, sink_values, *arrays = v
         self.meta_state = (meta,)
         self.codec, self.stored, self.uncompressed = None, None, None
+        self.sinks = None if sink_keys is None else (sink_keys, sink_values)
         if self._codec_meta is not None:  # compressed
             _install_attention_dispatch()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
@@ -277,10 +317,11 @@ class TurboQuantKVCache(_TurboCache):
 
     def _update_compressed(self, stored, exact_keys, exact_values):
         had_history = self.offset > 0
+        self._keep_sinks(exact_keys, exact_values)
         self._store(stored)
         # Sliced after storing: a slice taken before would pin the old buffer, so the
         # store could not write in place and would copy the whole layer's cache.
-        return TurboKV(self.codec, self._stored_slice() if had_history else None, exact_keys, exact_values)
+        return self._view(self._stored_slice() if had_history else None, exact_keys, exact_values)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
@@ -300,6 +341,8 @@ class TurboQuantRotatingKVCache(_TurboCache):
     multi-token updates, in-place rotation on single tokens), applied to the
     compressed arrays; the array-generic helpers are mlx-lm's own.
     """
+
+    sink_tokens = 0  # a window's first tokens leave it
 
     def __init__(self, scheme, max_size, keep=0, **kwargs):
         super().__init__(scheme, **kwargs)
@@ -360,8 +403,8 @@ class TurboQuantRotatingKVCache(_TurboCache):
     def _update_compressed(self, stored, exact_keys, exact_values):
         if exact_keys.shape[2] == 1:
             # Like RotatingKVCache: the whole ring in ring order, new token included.
-            return TurboKV(self.codec, self._update_in_place(stored))
-        return TurboKV(self.codec, self._update_concat(stored), exact_keys, exact_values)
+            return self._view(self._update_in_place(stored))
+        return self._view(self._update_concat(stored), exact_keys, exact_values)
 
     def size(self):
         return min(self.offset, self.max_size)

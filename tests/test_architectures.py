@@ -43,10 +43,11 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
         else:
             assert isinstance(t, (TurboQuantKVCache, TurboQuantRotatingKVCache))
             assert type(t) is (TurboQuantRotatingKVCache if hasattr(f, "max_size") else TurboQuantKVCache)
-            # the stored arrays; nbytes adds a fixed per-layer calibration vector on top
+            # the stored arrays; nbytes adds a fixed per-layer calibration vector and
+            # the exact sink tokens on top
             stored = sum(a.nbytes for a in t.stored)
             assert stored <= ratio_limit * f.nbytes, (arch, stored, f.nbytes)
-            assert t.nbytes == stored + t.codec.key_mean.nbytes
+            assert t.nbytes == stored + t.codec.key_mean.nbytes + sum(a.nbytes for a in t.sinks or ())
 
 
 @pytest.mark.parametrize("arch, kinds", [

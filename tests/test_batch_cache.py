@@ -68,10 +68,22 @@ def test_batched_prefill_and_decode_equal_single_sequences(scheme, calibration):
         # extract gives back the very same compressed data as the single cache
         extracted = batch.extract(i)
         assert extracted.offset == single.offset == n + DECODE
-        for a, b in zip(extracted._stored_slice(), single._stored_slice()):
+        for a, b in zip((*extracted._stored_slice(), *extracted.sinks), (*single._stored_slice(), *single.sinks)):
             assert mx.array_equal(a, b).item()
     assert batch.offset.tolist() == [n + DECODE for n in LENGTHS]
-    assert batch.nbytes == sum(a.nbytes for a in batch.stored)
+    assert batch.nbytes == sum(a.nbytes for a in (*batch.stored, *batch.sinks))
+
+
+def test_rows_shorter_than_the_sink_tokens_fill_them_while_decoding():
+    lengths = [2, 9, 1]  # two rows start with fewer real tokens than sink slots
+    seqs = sequences(lengths)
+    batch, out = batch_run(seqs, "turbo4", None, lengths)
+    assert batch.sink_counts == [min(n + DECODE, TurboQuantKVCache.sink_tokens) for n in lengths]
+    for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
+        single, expected = single_run(k, v, q, n, "turbo4", None)
+        assert mx.array_equal(out[i:i + 1], expected).item()
+        for a, b in zip(batch.extract(i).sinks, single.sinks):
+            assert mx.array_equal(a, b).item()
 
 
 def test_merge_filter_extend_keep_compressed_history_bit_exact():

@@ -42,8 +42,9 @@ def test_persistent_cache_holds_only_compressed_data():
     for start in range(0, 1000, 256):
         view, same = cache.update_and_fetch(keys[:, :, start:start + 256], values[:, :, start:start + 256])
         assert view is same and isinstance(view, TurboKV)
-        # only the current chunk is held exactly, and only by the returned view
+        # only the current chunk is held exactly, by the returned view, and the sink tokens
         assert view.new_keys.shape[2] == min(256, 1000 - start)
+        assert [a.shape for a in cache.sinks] == [(1, 2, cache.sink_tokens, 128)] * 2
         assert [a.dtype for a in cache.stored] == [mx.uint32, mx.float16, mx.uint32, mx.float16]
         assert cache.uncompressed is None
         assert view.shape == (1, 2, start + view.new_keys.shape[2], 128)
@@ -65,6 +66,9 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
     assert loaded.codec.meta() == cache.codec.meta()
     for a, b in zip(cache._stored_slice(), loaded._stored_slice()):
         assert a.dtype == b.dtype and mx.array_equal(a, b).item()
+    for a, b in zip(cache.sinks or (), loaded.sinks or ()):
+        assert mx.array_equal(a, b).item()
+    assert (loaded.sinks is None) == (cache.sinks is None) == (cls is TurboQuantRotatingKVCache)
     if cache.scheme.key_bits:
         assert mx.array_equal(loaded.codec.key_mean, cache.codec.key_mean).item()
     else:
@@ -111,6 +115,54 @@ def test_trim_then_continue_matches_a_shorter_cache():
     cache = fill(TurboQuantKVCache("turbo4"), keys, values, chunk=200)
     assert cache.is_trimmable() and cache.trim(50) == 50 and cache.offset == 150
     assert cache.trim(1000) == 150 and cache.offset == 0 and cache.size() == 0
+
+
+def test_first_tokens_are_kept_exact_and_the_rest_dequantized():
+    keys, values = kv(50)
+    cache = TurboQuantKVCache("turbo4")
+    cache.update_and_fetch(keys[:, :, :48], values[:, :, :48])
+    view, _ = cache.update_and_fetch(keys[:, :, 48:], values[:, :, 48:])
+    _, exact_keys, exact_values = cache.codec.encode(keys, values)
+    n = cache.sink_tokens
+    for got, exact, dequantized in zip(view.keys_and_values(), (exact_keys, exact_values),
+                                       cache.codec.decode(cache._stored_slice())):
+        assert mx.array_equal(got[:, :, :n], exact[:, :, :n]).item()  # the sink tokens
+        assert not mx.array_equal(dequantized[:, :, :n], exact[:, :, :n]).item()
+        assert mx.array_equal(got[:, :, n:48], dequantized[:, :, n:48]).item()  # compressed history
+        assert mx.array_equal(got[:, :, 48:], exact[:, :, 48:]).item()  # the chunk
+
+
+def test_trim_into_the_sink_tokens_keeps_only_what_is_left_then_refills():
+    keys, values = kv(40)
+    cache = fill(TurboQuantKVCache("turbo4"), keys[:, :, :30], values[:, :, :30])
+    cache.trim(28)
+    assert cache.offset == 2 and cache.sinks[0].shape[2] == 2
+    cache.update_and_fetch(keys[:, :, 2:10], values[:, :, 2:10])
+    _, exact_keys, _ = cache.codec.encode(keys[:, :, :4], values[:, :, :4])
+    assert mx.array_equal(cache.sinks[0], exact_keys).item()
+    cache.trim(100)
+    assert cache.offset == 0 and cache.sinks is None
+
+
+def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
+    # Real models park most attention on their first token; its quantization error
+    # then reaches every query, unless it is kept exact.
+    from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
+
+    keys, values = kv(200, dtype=mx.float32)
+    direction = mx.random.normal((1, 2, 1, 128), key=mx.random.key(5))
+    queries = direction + 0.3 * mx.random.normal((1, 2, 8, 128), key=mx.random.key(6))
+    keys[:, :, :1] = direction  # the sink: nearly all of every query's attention
+    exact = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=128**-0.5)
+    errors = {}
+    for sink_tokens in (0, 4):
+        cache = TurboQuantKVCache("turbo3")
+        cache.sink_tokens = sink_tokens
+        cache.update_and_fetch(keys[:, :, :192], values[:, :, :192])
+        view, _ = cache.update_and_fetch(keys[:, :, 192:], values[:, :, 192:])
+        out = turbo_scaled_dot_product_attention(queries, view, 128**-0.5, None)
+        errors[sink_tokens] = (mx.linalg.norm(out - exact) / mx.linalg.norm(exact)).item()
+    assert errors[4] < 0.25 * errors[0], errors
 
 
 def test_no_affine_routing_attributes():
