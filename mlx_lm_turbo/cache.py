@@ -162,7 +162,8 @@ class _TurboCache:
         take = min(self.sink_tokens - have, exact_keys.shape[2])
         if take <= 0:
             return
-        new = (exact_keys[:, :, :take], exact_values[:, :, :take])
+        # Copies: a slice would keep the whole chunk's exact K/V alive with it.
+        new = (mx.contiguous(exact_keys[:, :, :take]), mx.contiguous(exact_values[:, :, :take]))
         self.sinks = new if self.sinks is None else tuple(
             mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
 

@@ -144,6 +144,19 @@ def test_trim_into_the_sink_tokens_keeps_only_what_is_left_then_refills():
     assert cache.offset == 0 and cache.sinks is None
 
 
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
+def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
+    # Nothing else may stay alive: e.g. a view kept of a chunk pins its whole buffer.
+    keys, values = kv(1024)
+    fill(TurboQuantKVCache(scheme), keys, values, chunk=256)  # codebooks, compiled kernels
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    cache = fill(TurboQuantKVCache(scheme), keys, values, chunk=256)
+    mx.clear_cache()
+    held = mx.get_active_memory() - before
+    assert abs(held - cache.nbytes) < 32 * 1024, (held, cache.nbytes)  # a pinned chunk: 256 KiB
+
+
 def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
     # Real models park most attention on their first token; its quantization error
     # then reaches every query, unless it is kept exact.
