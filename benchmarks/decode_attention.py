@@ -2,8 +2,9 @@
 
 Each step appends one token to every layer's cache and attends through mlx-lm's
 ``scaled_dot_product_attention`` (the turbo path dequantizes the compressed K/V
-in the rotated domain); the stack is evaluated together, as a model's decode step
-is, so launch overhead does not dominate. Prints time per step, its ratio to fp16
+in the rotated domain), each layer's output the next one's query; the stack is
+evaluated together, as a model's decode step is, so launch overhead does not
+dominate. Prints time per step, its ratio to fp16
 and peak memory above the caches, side by side in one run.
 
     python benchmarks/decode_attention.py [--contexts 1024 4096] [--layers 8]
@@ -37,9 +38,11 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.eval(tokens, query)
 
     def step(token):
-        out = [mlx_base.scaled_dot_product_attention(query, *c.update_and_fetch(token, token), cache=c,
-                                                     scale=head_dim**-0.5, mask=None) for c in caches]
-        mx.eval(out)
+        x = query
+        for c in caches:  # chained, as a model's layers are: one layer's K/V in flight at a time
+            x = mlx_base.scaled_dot_product_attention(x, *c.update_and_fetch(token, token), cache=c,
+                                                      scale=head_dim**-0.5, mask=None)
+        mx.eval(x)
 
     step(tokens[0])  # warm-up: compile at this shape
     mx.clear_cache()
