@@ -65,7 +65,6 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     args = parser.parse_args()
     install_attention_dispatch()
-    shape = (args.layers, args.kv_heads, args.head_dim)
     print(f"{mx.default_device()}, {args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, "
           f"head_dim {args.head_dim}, {args.steps} steps")
     print("| cache | context | ms/step | speed vs fp16 | peak MiB above caches |")
@@ -74,8 +73,8 @@ def main():
         fp16_seconds = None
         for name in ["fp16", *args.schemes]:
             make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
-            caches = filled_caches(make, args.layers, context, *shape[1:])
-            seconds, peak = decode_steps(caches, args.steps, args.q_heads, *shape[1:])
+            caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
+            seconds, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
             fp16_seconds = fp16_seconds or seconds
             print(f"| {name} | {context} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
                   f"{peak / 2**20:.1f} |", flush=True)

@@ -32,6 +32,10 @@ def _rows(keep, old, new, neutral):
     return mx.where(keep, old, new)
 
 
+def _host_indices(batch_indices):
+    return batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
+
+
 def _concat_statistic(codecs, rows, name, neutral):
     present = [getattr(c, name) for c in codecs if c is not None and getattr(c, name) is not None]
     if not present:
@@ -105,8 +109,7 @@ class _BatchStatistics:
             scale = self.codec.key_scale
             self.codec = self.codec.with_statistics(self.codec.key_mean[batch_indices],
                                                     None if scale is None else scale[batch_indices])
-        indices = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
-        self.calibrated = [self.calibrated[i] for i in indices]
+        self.calibrated = [self.calibrated[i] for i in _host_indices(batch_indices)]
 
     def _extend_statistics(self, other, my_rows):
         codecs = [self.codec, other.codec]
@@ -150,7 +153,8 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         batch = cls(first.scheme, [max_length - n for n in lengths], seed=first.seed, layer=first.layer,
                     key_calibration=first.key_calibration, sink_tokens=first.sink_tokens)
         batch._adopt_statistics(caches)
-        batch._adopt_sinks(caches)
+        batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        batch.sink_counts = [0 if c.sinks is None else c.sinks[0].shape[2] for c in caches]
         arrays = [c._stored_slice() for c in caches]
         like = next((a for a in arrays if a is not None), None)
         if like is None:
@@ -215,22 +219,20 @@ class TurboQuantBatchKVCache(_BatchStatistics):
                              self.left_padding[:, None] + slots, self._idx - 1)
         return (*self.sinks, positions[:, None, :, None])
 
-    def _adopt_sinks(self, caches):
+    def _joined_sinks(self, caches, rows):
+        """The caches' sink (keys, values) stacked into one batch, every row given all
+        ``sink_tokens`` slots (caches without sinks give zeros); None if none has any."""
         like = next((c.sinks for c in caches if c.sinks is not None), None)
-        self.sink_counts = [0 if c.sinks is None else c.sinks[0].shape[2] for c in caches]
-        if like is not None:
-            self.sinks = tuple(mx.concatenate([
-                self._padded_sinks(None if c.sinks is None else c.sinks[i], like[i]) for c in caches])
-                for i in range(2))
+        if like is None:
+            return None
 
-    def _padded_sinks(self, sinks, like, rows=1):
-        """One cache's sink array (or None) with all ``sink_tokens`` slots."""
-        if sinks is None:
-            return mx.zeros((rows, like.shape[1], self.sink_tokens, like.shape[3]), like.dtype)
-        pad = self.sink_tokens - sinks.shape[2]
-        if pad == 0:
-            return sinks
-        return mx.concatenate([sinks, mx.zeros((*sinks.shape[:2], pad, sinks.shape[3]), sinks.dtype)], axis=2)
+        def padded(sinks, like, n):
+            filled = 0 if sinks is None else sinks.shape[2]
+            zeros = mx.zeros((n, like.shape[1], self.sink_tokens - filled, like.shape[3]), like.dtype)
+            return zeros if sinks is None else mx.concatenate([sinks, zeros], axis=2)
+
+        return tuple(mx.concatenate([padded(None if c.sinks is None else c.sinks[i], like[i], n)
+                                     for c, n in zip(caches, rows)]) for i in range(2))
 
     make_mask = BatchKVCache.make_mask
 
@@ -261,8 +263,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         if self.sinks is not None:
             self.sinks = tuple(a[batch_indices] for a in self.sinks)
         self._filter_statistics(batch_indices)
-        indices = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
-        self.sink_counts = [self.sink_counts[i] for i in indices]
+        self.sink_counts = [self.sink_counts[i] for i in _host_indices(batch_indices)]
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
         shift = min(self.left_padding.tolist())
@@ -293,11 +294,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         theirs, their_pad = justified(other)
         if mine is not None:
             self.stored = tuple(mx.concatenate(pair) for pair in zip(mine, theirs))
-        like = self.sinks or other.sinks
-        if like is not None:
-            rows = (self.offset.shape[0], other.offset.shape[0])
-            self.sinks = tuple(mx.concatenate([self._padded_sinks(None if c.sinks is None else c.sinks[i], like[i], n)
-                                               for c, n in zip((self, other), rows)]) for i in range(2))
+        self.sinks = self._joined_sinks((self, other), (self.offset.shape[0], other.offset.shape[0]))
         self.sink_counts = self.sink_counts + other.sink_counts
         self._extend_statistics(other, self.offset.shape[0])
         self.left_padding = mx.concatenate([my_pad, their_pad])

@@ -26,8 +26,8 @@ class TurboKV:
     ``stored`` holds the compressed arrays of every token attended to, or None
     when the current chunk is all there is; ``new_keys``/``new_values`` hold
     the current chunk (the last tokens) exactly, already in the rotated,
-    calibrated domain; ``sinks`` (keys, values, positions) the sequence's first
-    tokens exactly, at positions (B, 1, S, 1) in a batch (None: the first S).
+    calibrated domain; ``sinks`` (keys, values, positions) the sequences' first
+    tokens exactly, and where they sit on the token axis, (B or 1, 1, S, 1).
     Models pass it through to ``scaled_dot_product_attention`` untouched.
     """
 
@@ -55,15 +55,9 @@ class TurboKV:
         exact_keys = bool(self.codec.scheme.key_bits)
         if self.sinks is not None:
             sink_keys, sink_values, positions = self.sinks
-            if positions is None:
-                n = sink_keys.shape[2]
-                if exact_keys:
-                    keys[..., :n, :] = sink_keys
-                values[..., :n, :] = sink_values
-            else:
-                if exact_keys:
-                    keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
-                values = mx.put_along_axis(values, positions, sink_values, axis=2)
+            if exact_keys:
+                keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
+            values = mx.put_along_axis(values, positions, sink_values, axis=2)
         if self.new_keys is not None:
             n = self.new_keys.shape[2]
             if exact_keys:
@@ -168,7 +162,9 @@ class _TurboCache:
             mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
 
     def _view(self, stored, exact_keys=None, exact_values=None):
-        sinks = None if self.sinks is None else (*self.sinks, None)
+        sinks = None
+        if self.sinks is not None:  # one sequence: its first tokens lead the cache
+            sinks = (*self.sinks, mx.arange(self.sinks[0].shape[2])[None, None, :, None])
         return TurboKV(self.codec, stored, exact_keys, exact_values, sinks)
 
     def compress_now(self):
