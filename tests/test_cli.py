@@ -71,11 +71,15 @@ def test_kv_bits_conflict_is_a_usage_error(tiny_model):
     assert result.returncode == 2 and "--kv-scheme and --kv-bits" in result.stderr
 
 
+def generate_with_overrides(tiny_model, overrides, toml):
+    overrides.write_text(toml)
+    return run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
+               env={"MLX_LM_TURBO_OVERRIDES": str(overrides)})
+
+
 def test_opted_out_model_is_refused_clearly(tiny_model, tmp_path):
-    overrides = tmp_path / "overrides.toml"
-    overrides.write_text('[[override]]\nmodel_type = "llama"\nopt_out = true\n')
-    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
-                 env={"MLX_LM_TURBO_OVERRIDES": str(overrides)})
+    result = generate_with_overrides(tiny_model, tmp_path / "overrides.toml",
+                                     '[[override]]\nmodel_type = "llama"\nopt_out = true\n')
     assert result.returncode == 2
     assert "turned off for model type 'llama' by an override" in result.stderr
     assert "Traceback" not in result.stderr
@@ -83,9 +87,8 @@ def test_opted_out_model_is_refused_clearly(tiny_model, tmp_path):
 
 def test_bad_overrides_file_is_reported_not_a_traceback(tiny_model, tmp_path):
     overrides = tmp_path / "overrides.toml"
-    overrides.write_text('[[override]]\nmodel_type = "llama"\nscheme = "turbo9"\n')
-    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
-                 env={"MLX_LM_TURBO_OVERRIDES": str(overrides)})
+    result = generate_with_overrides(tiny_model, overrides,
+                                     '[[override]]\nmodel_type = "llama"\nscheme = "turbo9"\n')
     assert result.returncode == 2
     assert f"Bad entry 0 in {overrides}" in result.stderr and "Did you mean turbo8" in result.stderr
     assert "Traceback" not in result.stderr
