@@ -4,10 +4,10 @@
   have ``load_prompt_cache`` register the turbo cache classes before reading a
   file. The commands import both names from there, so they all get them; with
   no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
-
-Only light modules are imported here: the codec loads when a scheme is used.
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
+
+Only light modules are imported here: the codec loads when a scheme is used.
 """
 
 import functools
