@@ -1,0 +1,239 @@
+"""Fused decode attention over TurboQuant-packed caches (MLX-CUDA).
+
+Computes what ``attention.turbo_scaled_dot_product_attention`` computes from the
+same ``TurboKV`` (that portable path is the reference it is tested against), for
+queries of 1 to ``MAX_QUERIES`` tokens, without materialising dequantized K/V:
+
+- ``decode_attention_split.cu``: one block per (slice of the cached tokens, KV
+  head, group of query rows). It rotates the query rows once, reads each token's
+  packed codes and fp16 norms, decodes them against the codebook in shared memory
+  and keeps an online softmax per row; the exact tokens (sink tokens, the current
+  chunk) form one more slice, read from their fp16 copies. Each slice writes its
+  unnormalised output rows and their (max, sum).
+- ``decode_attention_combine.cu``: one block per output row merges the slices
+  (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the row back out of
+  the value rotation and casts it.
+
+Two launches a layer: on MLX-CUDA each small op of a chained decode step costs
+tens of microseconds (see benchmarks/results for what this measured).
+"""
+
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..codebooks import codebook
+from ..rotation import rotation
+
+KERNEL_ENV = "MLX_LM_TURBO_KERNEL"
+KERNEL_MODES = ("auto", "on", "off")
+MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
+HEAD_DIMS = (64, 128, 256)
+WARPS = 4
+# Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.
+MAX_ROW_VALUES = 1024
+# Slicing: at least a tile per warp in each slice, and about this many blocks in all,
+# enough to fill the GPU without making the combine long.
+MIN_SLICE_TOKENS = 32 * WARPS
+TARGET_BLOCKS = 1024
+COMBINE_THREADS = 512
+
+
+class KernelUnavailableError(RuntimeError):
+    """``MLX_LM_TURBO_KERNEL=on`` where the fused kernel cannot run."""
+
+
+def kernel_mode() -> str:
+    value = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    if value not in KERNEL_MODES:
+        raise ValueError(f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}.")
+    return value
+
+
+def gpu_backend():
+    """'cuda', 'metal' or None: where MLX runs by default."""
+    if mx.default_device() != mx.gpu:
+        return None
+    if mx.cuda.is_available():
+        return "cuda"
+    return "metal" if mx.metal.is_available() else None
+
+
+def layer_support(codec) -> "str | None":
+    """Why the fused kernel cannot serve a layer with this codec here; None if it can."""
+    backend = gpu_backend()
+    if backend is None:
+        return "MLX runs on the CPU here (the kernel is for MLX's CUDA backend)"
+    if backend == "metal":
+        return "the Metal variant of the kernel is not built yet (Apple GPUs use the portable path)"
+    if codec.key_dim != codec.value_dim:
+        return f"key head dim {codec.key_dim} differs from value head dim {codec.value_dim}"
+    if codec.value_dim not in HEAD_DIMS:
+        return (f"head dim {codec.value_dim} (the kernel covers "
+                f"{', '.join(map(str, HEAD_DIMS))})")
+    return None
+
+
+def _call_support(queries, kv, mask):
+    """Why this call goes to the portable path although the layer is served; None if not."""
+    if queries.shape[2] > MAX_QUERIES:
+        return "prefill"
+    if kv.stored is None:
+        return "no compressed history yet"
+    if queries.dtype != kv.codec.dtype:
+        return "queries and cache differ in dtype"
+    if kv.sinks is not None and kv.new_keys is None:
+        return "sink tokens without an exact chunk"
+    if isinstance(mask, str) and mask != "causal":
+        return f"mask {mask!r}"
+    if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
+        return "a mask that does not span the cache"
+    return None
+
+
+def fused_decode_attention(queries, kv, scale, mask, sinks=None):
+    """The fused kernel's output for this call, or None where the portable path runs."""
+    mode = kernel_mode()
+    if mode == "off":
+        return None
+    reason = layer_support(kv.codec)
+    if reason is not None:
+        if mode == "on":
+            raise KernelUnavailableError(
+                f"{KERNEL_ENV}=on, but the fused decode kernel cannot run: {reason}. "
+                f"Unset it (or set {KERNEL_ENV}=auto) to use the portable path where needed."
+            )
+        return None
+    if _call_support(queries, kv, mask) is not None:
+        return None
+    return _cuda_decode_attention(queries, kv, scale, mask, sinks)
+
+
+_SOURCES = Path(__file__).parent
+
+
+@lru_cache(maxsize=None)
+def _source(name):
+    return (_SOURCES / name).read_text()
+
+
+SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
+                "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos",
+                "tail_keys", "tail_values", "mask", "params", "scale")
+
+
+@lru_cache(maxsize=None)
+def _kernels():
+    header = _source("decode_attention.cuh")
+    split = mx.fast.cuda_kernel(
+        name="turbo_decode_split", input_names=list(SPLIT_INPUTS),
+        output_names=["parts", "stats"], source=_source("decode_attention_split.cu"),
+        header=header, ensure_row_contiguous=False,
+    )
+    combine = mx.fast.cuda_kernel(
+        name="turbo_decode_combine",
+        input_names=["parts", "stats", "v_signs", "sink_logits", "params"],
+        output_names=["out"], source=_source("decode_attention_combine.cu"), header=header,
+    )
+    return split, combine
+
+
+@lru_cache(maxsize=None)
+def _placeholder(dtype):
+    """A one-element array standing for an input a variant does not read."""
+    return mx.zeros((1,), dtype)
+
+
+def _slices(n_tokens, blocks_per_slice):
+    """(tokens per slice, number of slices) for a cache of n_tokens."""
+    wanted = max(1, min(math.ceil(n_tokens / MIN_SLICE_TOKENS),
+                        math.ceil(TARGET_BLOCKS / blocks_per_slice)))
+    length = math.ceil(math.ceil(n_tokens / wanted) / 32) * 32
+    return length, math.ceil(n_tokens / length)
+
+
+def _mask_input(mask, shape):
+    """(mask kind, the mask broadcast to (B, Hq, L, T) as a view, or a placeholder)."""
+    if mask is None or (isinstance(mask, str) and shape[2] == 1):
+        return 0, _placeholder(mx.bool_)
+    if isinstance(mask, str):
+        return 1, _placeholder(mx.bool_)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    return 2, mx.broadcast_to(mask, shape)
+
+
+def _cuda_decode_attention(queries, kv, scale, mask, sinks):
+    codec = kv.codec
+    B, n_q_heads, L, D = queries.shape
+    H = codec.n_kv_heads
+    G = n_q_heads // H
+    dtype = queries.dtype
+    if codec.scheme.key_bits:
+        key_codes, key_norms, value_codes, value_norms = kv.stored
+        k_levels = codebook(D, codec.scheme.key_bits)
+        k_signs = rotation(D, codec.seed, codec.layer).signs
+    else:
+        key_codes, value_codes, value_norms = kv.stored
+        key_norms, k_levels, k_signs = _placeholder(mx.float16), _placeholder(mx.float32), _placeholder(mx.float32)
+    n_tokens = value_codes.shape[2]
+
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    tail_keys, tail_values = (kv.new_keys, kv.new_values) if n_exact else (_placeholder(dtype),) * 2
+    n_sinks = 0
+    sink_keys, sink_values, sink_pos = _placeholder(dtype), _placeholder(dtype), _placeholder(mx.int32)
+    if kv.sinks is not None:
+        keys, values, positions = kv.sinks
+        n_sinks = keys.shape[2]
+        sink_keys = mx.broadcast_to(keys, (B, *keys.shape[1:]))
+        sink_values = mx.broadcast_to(values, (B, *values.shape[1:]))
+        sink_pos = mx.broadcast_to(positions.astype(mx.int32), (B, *positions.shape[1:]))
+    kscale = _placeholder(mx.float32)
+    if codec.key_scale is not None:
+        kscale = mx.broadcast_to(codec.key_scale, (B, H, D))
+    mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
+
+    rows = min(G * L, MAX_ROW_VALUES // D)
+    row_groups = math.ceil(G * L / rows)
+    slice_len, n_slices = _slices(n_tokens, B * H * row_groups)
+    has_exact = n_exact + n_sinks > 0
+    n_parts = n_slices + has_exact
+    window = getattr(kv, "window", None) or 0
+    params = mx.array([n_tokens, slice_len, n_slices, n_exact, window, n_sinks], mx.int32)
+
+    split, combine = _kernels()
+    parts, stats = split(
+        inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
+                k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
+                tail_keys, tail_values, mask_arg, params, mx.array([scale], mx.float32)],
+        template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
+                  ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
+                  ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
+                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_EXACT", has_exact)],
+        grid=(n_parts * 32 * WARPS, B * H * row_groups, 1),
+        threadgroup=(32 * WARPS, 1, 1),
+        output_shapes=[(B * H * row_groups, n_parts, rows, D), (B * H * row_groups, n_parts, rows, 2)],
+        output_dtypes=[mx.float32, mx.float32],
+    )
+
+    sink_logits = _placeholder(mx.float32)
+    if sinks is not None:
+        logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
+        shift = codec.score_shift(queries, scale)
+        if shift is not None:  # centring moved every score by it; move the sink instead
+            logits = logits - shift[..., 0]
+        sink_logits = logits * math.log2(math.e)
+    groups = max(1, COMBINE_THREADS // D)
+    (out,) = combine(
+        inputs=[parts, stats, rotation(D, codec.seed, codec.layer).signs, sink_logits,
+                mx.array([n_parts, n_q_heads], mx.int32)],
+        template=[("T", dtype), ("D", D), ("G", G), ("L", L), ("R", rows), ("CG", groups),
+                  ("HAS_SINKS", sinks is not None)],
+        grid=(D * groups, B * n_q_heads * L, 1),
+        threadgroup=(D * groups, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[dtype],
+    )
+    return out
