@@ -63,14 +63,14 @@ def main():
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--all", action="store_true", help="every variant, not a sample")
     args = parser.parse_args()
-    header = (KERNELS / "decode_attention.cuh").read_text()
+    header = (KERNELS / "common.cuh").read_text()
     split_body = (KERNELS / "decode_attention_split.cu").read_text()
     combine_body = (KERNELS / "decode_attention_combine.cu").read_text()
     from mlx_lm_turbo.kernels.decode_attention import SPLIT_INPUTS
 
     units = []
     variants = list(split_variants())
-    for dtype, template in (variants if args.all else variants[::17]):
+    for dtype, template in (variants if args.all else variants[::41]):
         types = {"q": dtype, "key_codes": "uint32" if dict(template)["KB"] else dtype,
                  "key_norms": "float16", "value_codes": "uint32", "value_norms": "float16",
                  "sink_keys": dtype, "sink_values": dtype, "sink_pos": "int32", "tail_keys": dtype,
@@ -78,6 +78,17 @@ def main():
         inputs = [(n, types.get(n, "float32")) for n in SPLIT_INPUTS]
         units.append(wrap("split", split_body, header, inputs,
                           [("parts", "float32"), ("stats", "float32")], template))
+    encode_body = (KERNELS / "encode.cu").read_text()
+    for dtype, D, (KB, VB) in itertools.product(("float16", "float32"), (64, 128, 256),
+                                                ((4, 4), (3, 3), (2, 8), (0, 4))):
+        units.append(wrap("encode", encode_body, header,
+                          [("keys", dtype), ("values", dtype)] + [(n, "float32") for n in (
+                              "key_mean", "key_scale", "signs", "k_bounds", "k_levels", "v_bounds",
+                              "v_levels")],
+                          [("key_codes", "uint32"), ("key_norms", "float16"), ("value_codes", "uint32"),
+                           ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],
+                          [("T", dtype), ("D", D), ("KB", KB), ("VB", VB), ("NW", 4), ("CENTER", True),
+                           ("SCALE", D == 64)]))
     for dtype, D, sinks in itertools.product(("float16", "bfloat16"), (64, 128, 256), (False, True)):
         units.append(wrap("combine", combine_body, header,
                           [("parts", "float32"), ("stats", "float32"), ("v_signs", "float32"),

@@ -13,7 +13,7 @@ from conftest import outlier_keys, relative_error
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_decode_attention,
+from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_decode_attention, fused_encode,
                                   kernel_mode, layer_support)
 
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
@@ -157,3 +157,35 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monk
     assert fused_decode_attention(q, view, 0.1, mask) is not None
     q, view, mask = step_inputs(cache, 16, 2, 4, 128, mx.float16)
     assert fused_decode_attention(q, view, 0.1, mask) is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("scheme, calibration", [("turbo4", "center"), ("turbo3", "center+scale"),
+                                                 ("turbo2", "none"), ("turbo8v4", "center"),
+                                                 ("turbo0v3", None)])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
+    from mlx_lm_turbo.codec import TurboCodec
+    from mlx_lm_turbo.schemes import parse_scheme
+
+    keys = outlier_keys((2, 4, 300, D)).astype(mx.bfloat16)
+    values = mx.random.normal((2, 4, 300, D)).astype(mx.bfloat16)
+    codec = TurboCodec.for_keys(parse_scheme(scheme), keys, values, key_calibration=calibration)
+    codec.calibrate(keys)
+    monkeypatch.setenv(KERNEL_ENV, "off")
+    stored, exact_keys, exact_values = codec.encode(keys, values)
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    fused, fused_keys, fused_values = fused_encode(codec, keys, values)
+    mx.eval(stored, fused)
+    assert relative_error(fused_keys, exact_keys) < 1e-3
+    assert relative_error(fused_values, exact_values) < 1e-3
+    for mine, theirs in zip(fused, stored):
+        assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+        if mine.dtype == mx.uint32:  # codes: a coordinate within float error of a boundary may flip
+            assert (mine != theirs).astype(mx.float32).mean().item() < 0.01
+        else:
+            assert mx.allclose(mine, theirs, rtol=2e-3, atol=1e-3).item()
+    # What matters downstream: the decoded vectors agree.
+    decoded, expected = codec.decode(fused), codec.decode(stored)
+    for a, b in zip(decoded, expected):
+        assert relative_error(a, b) < 1e-2

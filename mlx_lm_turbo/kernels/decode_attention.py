@@ -19,19 +19,15 @@ tens of microseconds (see benchmarks/results for what this measured).
 """
 
 import math
-import os
 from functools import lru_cache
-from pathlib import Path
 
 import mlx.core as mx
 
 from ..codebooks import codebook
 from ..rotation import rotation
+from .dispatch import placeholder, source, use_kernel
 
-KERNEL_ENV = "MLX_LM_TURBO_KERNEL"
-KERNEL_MODES = ("auto", "on", "off")
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
-HEAD_DIMS = (64, 128, 256)
 WARPS = 4
 # Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.
 MAX_ROW_VALUES = 1024
@@ -40,41 +36,6 @@ MAX_ROW_VALUES = 1024
 MIN_SLICE_TOKENS = 32 * WARPS
 TARGET_BLOCKS = 1024
 COMBINE_THREADS = 512
-
-
-class KernelUnavailableError(RuntimeError):
-    """``MLX_LM_TURBO_KERNEL=on`` where the fused kernel cannot run."""
-
-
-def kernel_mode() -> str:
-    value = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
-    if value not in KERNEL_MODES:
-        raise ValueError(f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}.")
-    return value
-
-
-def gpu_backend():
-    """'cuda', 'metal' or None: where MLX runs by default."""
-    if mx.default_device() != mx.gpu:
-        return None
-    if mx.cuda.is_available():
-        return "cuda"
-    return "metal" if mx.metal.is_available() else None
-
-
-def layer_support(codec) -> "str | None":
-    """Why the fused kernel cannot serve a layer with this codec here; None if it can."""
-    backend = gpu_backend()
-    if backend is None:
-        return "MLX runs on the CPU here (the kernel is for MLX's CUDA backend)"
-    if backend == "metal":
-        return "the Metal variant of the kernel is not built yet (Apple GPUs use the portable path)"
-    if codec.key_dim != codec.value_dim:
-        return f"key head dim {codec.key_dim} differs from value head dim {codec.value_dim}"
-    if codec.value_dim not in HEAD_DIMS:
-        return (f"head dim {codec.value_dim} (the kernel covers "
-                f"{', '.join(map(str, HEAD_DIMS))})")
-    return None
 
 
 def _call_support(queries, kv, mask):
@@ -96,28 +57,9 @@ def _call_support(queries, kv, mask):
 
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     """The fused kernel's output for this call, or None where the portable path runs."""
-    mode = kernel_mode()
-    if mode == "off":
-        return None
-    reason = layer_support(kv.codec)
-    if reason is not None:
-        if mode == "on":
-            raise KernelUnavailableError(
-                f"{KERNEL_ENV}=on, but the fused decode kernel cannot run: {reason}. "
-                f"Unset it (or set {KERNEL_ENV}=auto) to use the portable path where needed."
-            )
-        return None
-    if _call_support(queries, kv, mask) is not None:
+    if not use_kernel(kv.codec) or _call_support(queries, kv, mask) is not None:
         return None
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
-
-
-_SOURCES = Path(__file__).parent
-
-
-@lru_cache(maxsize=None)
-def _source(name):
-    return (_SOURCES / name).read_text()
 
 
 SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
@@ -127,24 +69,18 @@ SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes
 
 @lru_cache(maxsize=None)
 def _kernels():
-    header = _source("decode_attention.cuh")
+    header = source("common.cuh")
     split = mx.fast.cuda_kernel(
         name="turbo_decode_split", input_names=list(SPLIT_INPUTS),
-        output_names=["parts", "stats"], source=_source("decode_attention_split.cu"),
+        output_names=["parts", "stats"], source=source("decode_attention_split.cu"),
         header=header, ensure_row_contiguous=False,
     )
     combine = mx.fast.cuda_kernel(
         name="turbo_decode_combine",
         input_names=["parts", "stats", "v_signs", "sink_logits", "params"],
-        output_names=["out"], source=_source("decode_attention_combine.cu"), header=header,
+        output_names=["out"], source=source("decode_attention_combine.cu"), header=header,
     )
     return split, combine
-
-
-@lru_cache(maxsize=None)
-def _placeholder(dtype):
-    """A one-element array standing for an input a variant does not read."""
-    return mx.zeros((1,), dtype)
 
 
 def _slices(n_tokens, blocks_per_slice):
@@ -158,9 +94,9 @@ def _slices(n_tokens, blocks_per_slice):
 def _mask_input(mask, shape):
     """(mask kind, the mask broadcast to (B, Hq, L, T) as a view, or a placeholder)."""
     if mask is None or (isinstance(mask, str) and shape[2] == 1):
-        return 0, _placeholder(mx.bool_)
+        return 0, placeholder(mx.bool_)
     if isinstance(mask, str):
-        return 1, _placeholder(mx.bool_)
+        return 1, placeholder(mx.bool_)
     mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     return 2, mx.broadcast_to(mask, shape)
 
@@ -177,20 +113,20 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         k_signs = rotation(D, codec.seed, codec.layer).signs
     else:
         key_codes, value_codes, value_norms = kv.stored
-        key_norms, k_levels, k_signs = _placeholder(mx.float16), _placeholder(mx.float32), _placeholder(mx.float32)
+        key_norms, k_levels, k_signs = placeholder(mx.float16), placeholder(mx.float32), placeholder(mx.float32)
     n_tokens = value_codes.shape[2]
 
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
-    tail_keys, tail_values = (kv.new_keys, kv.new_values) if n_exact else (_placeholder(dtype),) * 2
+    tail_keys, tail_values = (kv.new_keys, kv.new_values) if n_exact else (placeholder(dtype),) * 2
     n_sinks = 0
-    sink_keys, sink_values, sink_pos = _placeholder(dtype), _placeholder(dtype), _placeholder(mx.int32)
+    sink_keys, sink_values, sink_pos = placeholder(dtype), placeholder(dtype), placeholder(mx.int32)
     if kv.sinks is not None:
         keys, values, positions = kv.sinks
         n_sinks = keys.shape[2]
         sink_keys = mx.broadcast_to(keys, (B, *keys.shape[1:]))
         sink_values = mx.broadcast_to(values, (B, *values.shape[1:]))
         sink_pos = mx.broadcast_to(positions.astype(mx.int32), (B, *positions.shape[1:]))
-    kscale = _placeholder(mx.float32)
+    kscale = placeholder(mx.float32)
     if codec.key_scale is not None:
         kscale = mx.broadcast_to(codec.key_scale, (B, H, D))
     mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
@@ -218,7 +154,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         output_dtypes=[mx.float32, mx.float32],
     )
 
-    sink_logits = _placeholder(mx.float32)
+    sink_logits = placeholder(mx.float32)
     if sinks is not None:
         logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
         shift = codec.score_shift(queries, scale)

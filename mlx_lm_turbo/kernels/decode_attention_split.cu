@@ -24,7 +24,13 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 __shared__ float v_levels[1 << VB];
 __shared__ float weights[NW][32][R];  // a tile's softmax weights times the value norms
 __shared__ float warp_m[NW][R], warp_l[NW][R];
-__shared__ float warp_acc[NW][R][D];
+// Each warp stages a tile's value codes here (one global round trip per tile, not
+// per token); once every tile is done the same memory merges the warps' outputs.
+constexpr int VW = D * VB / 32;
+constexpr int STAGE_WORDS = NW * 32 * VW, ACC_FLOATS = NW * R * D;
+__shared__ uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
+uint32_t* v_stage = scratch + warp * 32 * VW;
+auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
 // -- the query rows: key calibration scale, rotation, softmax scale, log2(e)
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
@@ -41,9 +47,9 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   q_rows[idx] = x;
 }
 if constexpr (KB > 0) {
-  if (threadIdx.x < (1 << KB)) k_levels[threadIdx.x] = k_levels_in[threadIdx.x];
+  for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
-if (threadIdx.x < (1 << VB)) v_levels[threadIdx.x] = v_levels_in[threadIdx.x];
+for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 __syncthreads();
 if constexpr (KB > 0) hadamard_rows<D>(q_rows, R);
 const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
@@ -123,6 +129,12 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
   for (int r = 0; r < R; ++r) s[r] = -INFINITY;
   float value_norm = 0.0f;
   const int item = first + lane;
+  const int n_items = min(32, end - first);
+  if constexpr (!EXACT) {
+    for (int idx = lane; idx < n_items * VW; idx += 32) {
+      v_stage[idx] = value_codes[v_base + int64_t(first + idx / VW) * value_codes_strides[2] + idx % VW];
+    }
+  }
   if (item < end) {
     float dot[R];
 #pragma unroll
@@ -193,7 +205,6 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
     weights[warp][lane][r] = p * value_norm;
   }
   __syncwarp();
-  const int n_items = min(32, end - first);
 #pragma unroll 4
   for (int jj = 0; jj < n_items; ++jj) {
     float v[DPL];
@@ -204,7 +215,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
     } else {
       constexpr int LANE_BITS = DPL * VB;
-      const uint32_t* row = value_codes + v_base + int64_t(first + jj) * value_codes_strides[2];
+      const uint32_t* row = v_stage + jj * VW;
       const int bit = lane * LANE_BITS, word = bit >> 5, shift = bit & 31;
       uint64_t window_bits = row[word];
       if (shift + LANE_BITS > 32) window_bits |= uint64_t(row[word + 1]) << 32;
@@ -236,6 +247,7 @@ if (HAS_EXACT && split == n_splits) {
 }
 
 // -- merge the warps; one partial output per (row, dim), unnormalised
+__syncthreads();  // every warp is done with its staging area, which warp_acc reuses
 #pragma unroll
 for (int r = 0; r < R; ++r) {
   const float l = warp_sum(l_lane[r]);

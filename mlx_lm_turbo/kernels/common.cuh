@@ -1,4 +1,4 @@
-// Helpers shared by the split and combine kernels of decode_attention.py.
+// Helpers shared by the kernels (decode_attention_*.cu, encode.cu).
 // Included through mx.fast.cuda_kernel's `header`, inside no namespace.
 
 namespace turbo {
@@ -10,6 +10,10 @@ constexpr float LOG2E = 1.4426950408889634f;
 template <bool B>
 struct Flag {
   static constexpr bool value = B;
+};
+template <int N>
+struct Int {
+  static constexpr int value = N;
 };
 
 __device__ __forceinline__ float to_float(float x) { return x; }
