@@ -4,7 +4,8 @@ The GPU cases run where MLX has its CUDA backend (CI has none: they skip there a
 were run on the lent H200, see benchmarks/results). Both paths accumulate in fp32
 but round differently (the portable path rounds the rotated query, the codebook
 levels and the dequantized K/V to the model dtype), so they agree to 2e-3 relative,
-not bit for bit.
+not bit for bit. In bfloat16 (8 significant bits) the portable path's own rounding
+is about 4e-3 relative, so there the bound is 1e-2.
 """
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_deco
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the fused kernel runs on MLX's CUDA backend")
 TOLERANCE = 2e-3
+BF16_TOLERANCE = 1e-2
 
 
 def filled_cache(cache, T, H, D, dtype, seed=0, chunk=None):
@@ -34,7 +36,7 @@ def step_inputs(cache, L, H, G, D, dtype, seed=7):
     k = outlier_keys((1, H, L, D), seed=seed).astype(dtype)
     v = mx.random.normal((1, H, L, D), key=mx.random.key(seed + 1)).astype(dtype)
     q = mx.random.normal((1, H * G, L, D), key=mx.random.key(seed + 2)).astype(dtype)
-    mask = cache.make_mask(L) if L > 1 else None
+    mask = cache.make_mask(L, return_array=False, window_size=None)
     view, _ = cache.update_and_fetch(k, v)
     return q, view, mask
 
@@ -93,7 +95,8 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
 def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, D, dtype)
     q, view, mask = step_inputs(cache, 1, 2, 4, D, dtype)
-    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+    bound = BF16_TOLERANCE if dtype == mx.bfloat16 else TOLERANCE
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < bound
 
 
 @needs_cuda
@@ -111,9 +114,9 @@ def test_key_calibrations_and_attention_sinks(monkeypatch, calibration):
     cache = filled_cache(TurboQuantKVCache("turbo4", key_calibration=calibration), 900, 4, 64,
                          mx.bfloat16)
     q, view, mask = step_inputs(cache, 1, 4, 2, 64, mx.bfloat16)
-    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < BF16_TOLERANCE
     sinks = 3 * mx.random.normal((8,), key=mx.random.key(3))  # GPT-OSS learned sink logits
-    assert relative_error(*both_paths(monkeypatch, q, view, mask, sinks)) < TOLERANCE
+    assert relative_error(*both_paths(monkeypatch, q, view, mask, sinks)) < BF16_TOLERANCE
 
 
 @needs_cuda
@@ -145,8 +148,7 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
-    fused, portable = both_paths(monkeypatch, q, view, mask)
-    assert relative_error(fused, portable) < TOLERANCE
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
 
 
 @needs_cuda
