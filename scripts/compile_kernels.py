@@ -55,13 +55,14 @@ def split_variants():
         R = min(G * L, 1024 // D)
         yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
                       ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
-                      ("HAS_KSCALE", D == 128), ("HAS_EXACT", True)]
+                      ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
+                      ("HAS_SINK_TOKENS", G == 4), ("WINDOW", 0 if L == 1 else 64)]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
-    parser.add_argument("--all", action="store_true", help="every variant, not a sample")
+    parser.add_argument("--every", type=int, default=41, help="compile every n-th split variant")
     args = parser.parse_args()
     header = (KERNELS / "common.cuh").read_text()
     split_body = (KERNELS / "decode_attention_split.cu").read_text()
@@ -70,17 +71,17 @@ def main():
 
     units = []
     variants = list(split_variants())
-    for dtype, template in (variants if args.all else variants[::41]):
+    for dtype, template in (variants[::args.every]):
         types = {"q": dtype, "key_codes": "uint32" if dict(template)["KB"] else dtype,
                  "key_norms": "float16", "value_codes": "uint32", "value_norms": "float16",
                  "sink_keys": dtype, "sink_values": dtype, "sink_pos": "int32", "tail_keys": dtype,
-                 "tail_values": dtype, "mask": "bool", "params": "int32"}
+                 "tail_values": dtype, "mask": "bool"}
         inputs = [(n, types.get(n, "float32")) for n in SPLIT_INPUTS]
         units.append(wrap("split", split_body, header, inputs,
                           [("parts", "float32"), ("stats", "float32")], template))
     encode_body = (KERNELS / "encode.cu").read_text()
-    for dtype, D, (KB, VB) in itertools.product(("float16", "float32"), (64, 128, 256),
-                                                ((4, 4), (3, 3), (2, 8), (0, 4))):
+    for dtype, D, (KB, VB) in list(itertools.product(("float16", "float32"), (64, 128, 256),
+                                                     ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:
         units.append(wrap("encode", encode_body, header,
                           [("keys", dtype), ("values", dtype)] + [(n, "float32") for n in (
                               "key_mean", "key_scale", "signs", "k_bounds", "k_levels", "v_bounds",
@@ -89,12 +90,12 @@ def main():
                            ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],
                           [("T", dtype), ("D", D), ("KB", KB), ("VB", VB), ("NW", 4), ("CENTER", True),
                            ("SCALE", D == 64)]))
-    for dtype, D, sinks in itertools.product(("float16", "bfloat16"), (64, 128, 256), (False, True)):
+    for dtype, D, sinks in list(itertools.product(("float16", "bfloat16"), (64, 128, 256), (False, True)))[::args.every // 8 or 1]:
         units.append(wrap("combine", combine_body, header,
                           [("parts", "float32"), ("stats", "float32"), ("v_signs", "float32"),
-                           ("sink_logits", "float32"), ("params", "int32")], [("out", dtype)],
+                           ("sink_logits", "float32")], [("out", dtype)],
                           [("T", dtype), ("D", D), ("G", 4), ("L", 1), ("R", 4),
-                           ("CG", max(1, 512 // D)), ("HAS_SINKS", sinks)]))
+                           ("CG", max(1, 1024 // D)), ("HQ", 32), ("HAS_SINKS", sinks)]))
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):

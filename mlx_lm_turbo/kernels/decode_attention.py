@@ -35,7 +35,7 @@ MAX_ROW_VALUES = 1024
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
 TARGET_BLOCKS = 1024
-COMBINE_THREADS = 512
+COMBINE_THREADS = 1024
 
 
 def _call_support(queries, kv, mask):
@@ -64,7 +64,7 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
 
 SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
                 "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos",
-                "tail_keys", "tail_values", "mask", "params", "scale")
+                "tail_keys", "tail_values", "mask", "scale")
 
 
 @lru_cache(maxsize=None)
@@ -77,18 +77,27 @@ def _kernels():
     )
     combine = mx.fast.cuda_kernel(
         name="turbo_decode_combine",
-        input_names=["parts", "stats", "v_signs", "sink_logits", "params"],
+        input_names=["parts", "stats", "v_signs", "sink_logits"],
         output_names=["out"], source=source("decode_attention_combine.cu"), header=header,
     )
     return split, combine
 
 
 def _slices(n_tokens, blocks_per_slice):
-    """(tokens per slice, number of slices) for a cache of n_tokens."""
-    wanted = max(1, min(math.ceil(n_tokens / MIN_SLICE_TOKENS),
-                        math.ceil(TARGET_BLOCKS / blocks_per_slice)))
-    length = math.ceil(math.ceil(n_tokens / wanted) / 32) * 32
-    return length, math.ceil(n_tokens / length)
+    """How many slices to cut a cache of n_tokens into (the kernel sizes them alike)."""
+    return max(1, min(math.ceil(n_tokens / MIN_SLICE_TOKENS),
+                      math.ceil(TARGET_BLOCKS / blocks_per_slice)))
+
+
+def _rows(a, B):
+    """``a`` with B rows on axis 0: a view where it has one row shared by all."""
+    return a if a.shape[0] == B else mx.broadcast_to(a, (B, *a.shape[1:]))
+
+
+@lru_cache(maxsize=None)
+def _scalar(value):
+    """A float32 scalar input, made once per value (an upload per call costs time)."""
+    return mx.array([value], mx.float32)
 
 
 def _mask_input(mask, shape):
@@ -123,31 +132,29 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     if kv.sinks is not None:
         keys, values, positions = kv.sinks
         n_sinks = keys.shape[2]
-        sink_keys = mx.broadcast_to(keys, (B, *keys.shape[1:]))
-        sink_values = mx.broadcast_to(values, (B, *values.shape[1:]))
-        sink_pos = mx.broadcast_to(positions.astype(mx.int32), (B, *positions.shape[1:]))
+        sink_keys, sink_values, sink_pos = (_rows(a, B) for a in (keys, values, positions))
     kscale = placeholder(mx.float32)
     if codec.key_scale is not None:
-        kscale = mx.broadcast_to(codec.key_scale, (B, H, D))
+        kscale = _rows(codec.key_scale, B)
     mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
 
     rows = min(G * L, MAX_ROW_VALUES // D)
     row_groups = math.ceil(G * L / rows)
-    slice_len, n_slices = _slices(n_tokens, B * H * row_groups)
+    n_slices = _slices(n_tokens, B * H * row_groups)
     has_exact = n_exact + n_sinks > 0
     n_parts = n_slices + has_exact
     window = getattr(kv, "window", None) or 0
-    params = mx.array([n_tokens, slice_len, n_slices, n_exact, window, n_sinks], mx.int32)
 
     split, combine = _kernels()
     parts, stats = split(
         inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
                 k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
-                tail_keys, tail_values, mask_arg, params, mx.array([scale], mx.float32)],
+                tail_keys, tail_values, mask_arg, _scalar(scale)],
         template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
                   ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
                   ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
-                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_EXACT", has_exact)],
+                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
+                  ("HAS_SINK_TOKENS", n_sinks > 0), ("WINDOW", window)],
         grid=(n_parts * 32 * WARPS, B * H * row_groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=[(B * H * row_groups, n_parts, rows, D), (B * H * row_groups, n_parts, rows, 2)],
@@ -163,10 +170,9 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         sink_logits = logits * math.log2(math.e)
     groups = max(1, COMBINE_THREADS // D)
     (out,) = combine(
-        inputs=[parts, stats, rotation(D, codec.seed, codec.layer).signs, sink_logits,
-                mx.array([n_parts, n_q_heads], mx.int32)],
+        inputs=[parts, stats, rotation(D, codec.seed, codec.layer).signs, sink_logits],
         template=[("T", dtype), ("D", D), ("G", G), ("L", L), ("R", rows), ("CG", groups),
-                  ("HAS_SINKS", sinks is not None)],
+                  ("HQ", n_q_heads), ("HAS_SINKS", sinks is not None)],
         grid=(D * groups, B * n_q_heads * L, 1),
         threadgroup=(D * groups, 1, 1),
         output_shapes=[queries.shape],

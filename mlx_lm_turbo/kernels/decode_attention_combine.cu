@@ -2,10 +2,10 @@
 // outputs (log-sum-exp), adds the attention-sink logit if any, rotates the row
 // back out of the value rotation and writes it in the model's dtype.
 // Threads: D dims times CG groups that share the slices between them.
-// Template constants: T, D, G, L, R, CG, HAS_SINKS.
+// Template constants: T, D, G, L, R, CG, HQ (query heads), HAS_SINKS.
 using namespace turbo;
 constexpr int NRG = (G * L + R - 1) / R;
-const int n_parts = params[0], n_q_heads = params[1];
+const int n_parts = stats_shape[1], n_q_heads = HQ;
 const int y = blockIdx.y, i = y % L, hq = (y / L) % n_q_heads, b = y / (L * n_q_heads);
 const int h = hq / G, row = (hq % G) * L + i, rg = row / R, r = row % R;
 const int64_t first_part = (int64_t(b) * (n_q_heads / G) + h) * NRG * n_parts + rg * n_parts;
@@ -16,6 +16,7 @@ __shared__ float group_o[CG][D];
 __shared__ float x[D];
 
 float M = -INFINITY;
+#pragma unroll 4
 for (int p = cg; p < n_parts; p += CG) M = fmaxf(M, stats[((first_part + p) * R + r) * 2]);
 if (d == 0) group_m[cg] = M;
 __syncthreads();
@@ -28,6 +29,7 @@ if constexpr (HAS_SINKS) {
 }
 float o = 0.0f, l = 0.0f;
 if (M != -INFINITY) {
+#pragma unroll 4
   for (int p = cg; p < n_parts; p += CG) {
     const int64_t at = (first_part + p) * R + r;
     const float f = exp2_or_zero(stats[at * 2] - M);

@@ -2,7 +2,8 @@
 // R query rows of its GQA group. Writes the slice's unnormalised output rows and
 // their (max, sum) in log2 units; decode_attention_combine.cu merges the slices.
 // Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW,
-// MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_EXACT.
+// MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_TAIL (an exact
+// chunk), HAS_SINK_TOKENS, WINDOW (TurboKV.window, 0 for none).
 using namespace turbo;
 constexpr int DPL = D / 32;  // dims per lane when accumulating values
 constexpr int THREADS = NW * 32;
@@ -10,8 +11,13 @@ constexpr int ROWS = G * L;  // query rows per KV head
 constexpr int NRG = (ROWS + R - 1) / R;
 constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
 
-const int n_tokens = params[0], split_len = params[1], n_splits = params[2];
-const int n_exact = params[3], window = params[4], n_sinks = params[5];
+// Sizes come with the arrays, so no per-call scalars need uploading.
+constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
+const int n_tokens = value_norms_shape[2];
+const int n_splits = gridDim.x - (HAS_EXACT ? 1 : 0);
+const int split_len = ((n_tokens + n_splits - 1) / n_splits + 31) / 32 * 32;
+const int n_exact = HAS_TAIL ? tail_keys_shape[2] : 0;
+const int n_sinks = HAS_SINK_TOKENS ? sink_pos_shape[2] : 0;
 const int n_kv_heads = value_norms_shape[1];
 const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
 const int b = blockIdx.y / (NRG * n_kv_heads);
@@ -60,7 +66,7 @@ __syncthreads();
 
 const int64_t sink_base = b * sink_pos_strides[0];
 auto tail_exact = [&](int t, int i) {
-  return t >= n_tokens - n_exact && (window <= 0 || t > first_query + i - window);
+  return t >= n_tokens - n_exact && (WINDOW <= 0 || t > first_query + i - WINDOW);
 };
 auto sink_position = [&](int s) { return int(sink_pos[sink_base + s * sink_pos_strides[2]]); };
 auto is_sink = [&](int t) {
