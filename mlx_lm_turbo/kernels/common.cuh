@@ -71,6 +71,28 @@ __device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[BITS], int j)
   return v & ((1u << BITS) - 1u);
 }
 
+// N consecutive floats of shared memory in as few loads as their alignment allows
+// (the compiler does not merge them by itself).
+template <int N>
+__device__ __forceinline__ void load_floats(const float* p, float (&out)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p + i);
+      out[i] = v.x; out[i + 1] = v.y; out[i + 2] = v.z; out[i + 3] = v.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(p + i);
+      out[i] = v.x; out[i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = p[i];
+  }
+}
+
 // In-place unnormalised Walsh-Hadamard transform (Sylvester order, as
 // mx.hadamard_transform) of `rows` vectors of length D in shared memory.
 template <int D>

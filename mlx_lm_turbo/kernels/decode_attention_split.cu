@@ -25,10 +25,10 @@ const int split = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int first_query = n_tokens - L;  // position of query row i is first_query + i
 
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
-__shared__ float q_t[D * R];     // [d][r]: the rows of one dim in one broadcast read
+__shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 __shared__ float v_levels[1 << VB];
-__shared__ float weights[NW][32][R];  // a tile's softmax weights times the value norms
+__shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights x value norms
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's value codes here (one global round trip per tile, not
 // per token); once every tile is done the same memory merges the warps' outputs.
@@ -157,8 +157,10 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
 #pragma unroll 8
       for (int d = 0; d < D; ++d) {
         const float k = to_float(row[d]);
+        float qd[R];
+        load_floats<R>(q_t + d * R, qd);
 #pragma unroll
-        for (int r = 0; r < R; ++r) dot[r] += q_t[d * R + r] * k;
+        for (int r = 0; r < R; ++r) dot[r] += qd[r] * k;
       }
       value_norm = EXACT ? 1.0f : to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
     } else {
@@ -174,7 +176,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const float level = k_levels[group_code<KBW>(w, j)];
-          const float* qd = q_t + (grp * 32 + j) * R;
+          float qd[R];
+          load_floats<R>(q_t + (grp * 32 + j) * R, qd);
 #pragma unroll
           for (int r = 0; r < R; ++r) dot[r] += qd[r] * level;
         }
@@ -230,7 +233,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
         v[k] = v_levels[uint32_t(window_bits >> (shift + k * VB)) & ((1u << VB) - 1u)];
       }
     }
-    const float* wj = weights[warp][jj];
+    float wj[R];
+    load_floats<R>(weights[warp][jj], wj);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
