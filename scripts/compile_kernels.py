@@ -56,7 +56,7 @@ def split_variants():
         yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
                       ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
                       ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
-                      ("HAS_SINK_TOKENS", G == 4), ("WINDOW", 0 if L == 1 else 64)]
+                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1)]
 
 
 def main():

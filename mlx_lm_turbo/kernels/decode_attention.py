@@ -34,8 +34,9 @@ MAX_ROW_VALUES = 1024
 # Slicing: at least a tile per warp in each slice, and about this many blocks in all,
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
-TARGET_BLOCKS = 1024
+TARGET_BLOCKS = 512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
 COMBINE_THREADS = 1024
+MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
 
 
 def _call_support(queries, kv, mask):
@@ -46,8 +47,8 @@ def _call_support(queries, kv, mask):
         return "no compressed history yet"
     if queries.dtype != kv.codec.dtype:
         return "queries and cache differ in dtype"
-    if kv.sinks is not None and kv.new_keys is None:
-        return "sink tokens without an exact chunk"
+    if kv.sinks is not None and kv.sinks[0].shape[2] > MAX_SINKS:
+        return f"more than {MAX_SINKS} sink tokens"
     if isinstance(mask, str) and mask != "causal":
         return f"mask {mask!r}"
     if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
@@ -154,7 +155,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
                   ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
                   ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
                   ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
-                  ("HAS_SINK_TOKENS", n_sinks > 0), ("WINDOW", window)],
+                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window)],
         grid=(n_parts * 32 * WARPS, B * H * row_groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=[(B * H * row_groups, n_parts, rows, D), (B * H * row_groups, n_parts, rows, 2)],

@@ -3,7 +3,7 @@
 // their (max, sum) in log2 units; decode_attention_combine.cu merges the slices.
 // Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW,
 // MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_TAIL (an exact
-// chunk), HAS_SINK_TOKENS, WINDOW (TurboKV.window, 0 for none).
+// chunk), HAS_SINK_TOKENS, MAX_SINKS, WINDOW (TurboKV.window, 0 for none).
 using namespace turbo;
 constexpr int DPL = D / 32;  // dims per lane when accumulating values
 constexpr int THREADS = NW * 32;
@@ -64,14 +64,40 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 }
 __syncthreads();
 
-const int64_t sink_base = b * sink_pos_strides[0];
+// The sink positions of this row, once per block: usually one run of consecutive
+// positions (a sequence's first tokens), checked by a range instead of a scan.
+__shared__ int sink_list[MAX_SINKS];
+__shared__ int sink_lo, sink_hi, sink_run;
+if constexpr (HAS_SINK_TOKENS) {
+  for (int s = threadIdx.x; s < n_sinks; s += THREADS) {
+    sink_list[s] = int(sink_pos[b * sink_pos_strides[0] + s * sink_pos_strides[2]]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int lo = sink_list[0], hi = sink_list[0];
+    for (int s = 1; s < n_sinks; ++s) {
+      lo = min(lo, sink_list[s]);
+      hi = max(hi, sink_list[s]);
+    }
+    unsigned long long seen = 0;
+    if (hi - lo < 64) {
+      for (int s = 0; s < n_sinks; ++s) seen |= 1ull << (sink_list[s] - lo);
+    }
+    sink_lo = lo;
+    sink_hi = hi;
+    sink_run = hi - lo < 64 && __popcll(seen) == hi - lo + 1 && hi - lo + 1 == n_sinks;
+  }
+  __syncthreads();
+}
 auto tail_exact = [&](int t, int i) {
   return t >= n_tokens - n_exact && (WINDOW <= 0 || t > first_query + i - WINDOW);
 };
-auto sink_position = [&](int s) { return int(sink_pos[sink_base + s * sink_pos_strides[2]]); };
+auto sink_position = [&](int s) { return sink_list[s]; };
 auto is_sink = [&](int t) {
+  if (!HAS_SINK_TOKENS || t < sink_lo || t > sink_hi) return false;
+  if (sink_run) return true;
   for (int s = 0; s < n_sinks; ++s) {
-    if (sink_position(s) == t) return true;
+    if (sink_list[s] == t) return true;
   }
   return false;
 };
