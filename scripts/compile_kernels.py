@@ -84,7 +84,7 @@ def main():
                                                      ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:
         units.append(wrap("encode", encode_body, header,
                           [("keys", dtype), ("values", dtype)] + [(n, "float32") for n in (
-                              "key_mean", "key_scale", "signs", "k_bounds", "k_levels", "v_bounds",
+                              "key_mean", "key_scale", "k_signs", "v_signs", "k_bounds", "k_levels", "v_bounds",
                               "v_levels")],
                           [("key_codes", "uint32"), ("key_norms", "float16"), ("value_codes", "uint32"),
                            ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],

@@ -24,7 +24,6 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codebooks import codebook
-from ..rotation import rotation
 from .dispatch import placeholder, source, use_kernel
 
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
@@ -120,7 +119,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     if codec.scheme.key_bits:
         key_codes, key_norms, value_codes, value_norms = kv.stored
         k_levels = codebook(D, codec.scheme.key_bits)
-        k_signs = rotation(D, codec.seed, codec.layer).signs
+        k_signs = codec.key_rotation.signs
     else:
         key_codes, value_codes, value_norms = kv.stored
         key_norms, k_levels, k_signs = placeholder(mx.float16), placeholder(mx.float32), placeholder(mx.float32)
@@ -171,7 +170,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         sink_logits = logits * math.log2(math.e)
     groups = max(1, COMBINE_THREADS // D)
     (out,) = combine(
-        inputs=[parts, stats, rotation(D, codec.seed, codec.layer).signs, sink_logits],
+        inputs=[parts, stats, codec.value_rotation.signs, sink_logits],
         template=[("T", dtype), ("D", D), ("G", G), ("L", L), ("R", rows), ("CG", groups),
                   ("HQ", n_q_heads), ("HAS_SINKS", sinks is not None)],
         grid=(D * groups, B * n_q_heads * L, 1),

@@ -47,6 +47,8 @@ def layer_support(codec) -> "str | None":
     if codec.value_dim not in HEAD_DIMS:
         return (f"head dim {codec.value_dim} (the kernel covers "
                 f"{', '.join(map(str, HEAD_DIMS))})")
+    if any(r is not None and r.matrix is not None for r in (codec.key_rotation, codec.value_rotation)):
+        return "a dense rotation (the kernels apply Hadamard rotations)"
     return None
 
 

@@ -13,7 +13,7 @@ const int t = vector % n_tokens, h = (vector / n_tokens) % n_heads, b = vector /
 __shared__ uint32_t packed[NW][KW + VW];
 
 // x <- H (signs * x) / sqrt(D): butterflies inside the lane, then across lanes.
-auto rotate = [&](float (&x)[DPL]) {
+auto rotate = [&](float (&x)[DPL], const float* signs) {
 #pragma unroll
   for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
 #pragma unroll
@@ -76,7 +76,7 @@ for (int k = 0; k < DPL; ++k) {
   v[k] = to_float(values[b * values_strides[0] + h * values_strides[1] + t * values_strides[2] +
                          (lane * DPL + k) * values_strides[3]]);
 }
-rotate(v);
+rotate(v, v_signs);
 const float v_norm = quantize(v, Int<VB>{}, v_bounds, v_levels, packed[warp] + KW);
 for (int w = lane; w < VW; w += 32) value_codes[out_row * VW + w] = packed[warp][KW + w];
 if (lane == 0) value_norms[out_row] = __float2half(v_norm);
@@ -93,7 +93,7 @@ if constexpr (KB > 0) {
     if constexpr (CENTER) x[k] -= key_mean[b * key_mean_strides[0] + h * key_mean_strides[1] + d];
     if constexpr (SCALE) x[k] /= key_scale[b * key_scale_strides[0] + h * key_scale_strides[1] + d];
   }
-  rotate(x);
+  rotate(x, k_signs);
   const float k_norm = quantize(x, Int<KB>{}, k_bounds, k_levels, packed[warp]);
   for (int w = lane; w < KW; w += 32) key_codes[out_row * KW + w] = packed[warp][w];
   if (lane == 0) key_norms[out_row] = __float2half(k_norm);

@@ -15,7 +15,6 @@ import mlx.core as mx
 
 from ..codebooks import boundaries, codebook
 from ..packing import packed_words
-from ..rotation import rotation
 from .dispatch import placeholder, source, use_kernel
 
 WARPS = 4
@@ -25,8 +24,8 @@ WARPS = 4
 def _kernel():
     return mx.fast.cuda_kernel(
         name="turbo_encode",
-        input_names=["keys", "values", "key_mean", "key_scale", "signs", "k_bounds", "k_levels",
-                     "v_bounds", "v_levels"],
+        input_names=["keys", "values", "key_mean", "key_scale", "k_signs", "v_signs", "k_bounds",
+                     "k_levels", "v_bounds", "v_levels"],
         output_names=["key_codes", "key_norms", "value_codes", "value_norms", "exact_keys",
                       "exact_values"],
         source=source("encode.cu"), header=source("common.cuh"), ensure_row_contiguous=False,
@@ -45,11 +44,12 @@ def fused_encode(codec, keys, values):
     def statistic(stat):
         return placeholder(mx.float32) if stat is None else mx.broadcast_to(stat, (B, H, D))
 
-    k_bounds, k_levels = (boundaries(D, kb), codebook(D, kb)) if kb else (placeholder(mx.float32),) * 2
+    k_bounds, k_levels, k_signs = (boundaries(D, kb), codebook(D, kb), codec.key_rotation.signs) \
+        if kb else (placeholder(mx.float32),) * 3
     kw = packed_words(D, kb) if kb else 1
     key_codes, key_norms, value_codes, value_norms, exact_keys, exact_values = _kernel()(
         inputs=[keys, values, statistic(codec.key_mean), statistic(codec.key_scale),
-                rotation(D, codec.seed, codec.layer).signs, k_bounds, k_levels,
+                k_signs, codec.value_rotation.signs, k_bounds, k_levels,
                 boundaries(D, vb), codebook(D, vb)],
         template=[("T", dtype), ("D", D), ("KB", kb), ("VB", vb), ("NW", WARPS),
                   ("CENTER", codec.key_mean is not None), ("SCALE", codec.key_scale is not None)],
