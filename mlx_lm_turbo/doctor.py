@@ -33,16 +33,13 @@ def main(argv=None):
 
     from mlx_lm import __version__ as mlx_lm_version
 
-    from .compat import SUPPORTED_RANGE, check_mlx_lm_version
+    from .compat import MLX_LM_RANGE, supported
     from .adapters import model_module_verdicts
     from .plugins import all_adapters
     from .registry import user_overrides_file
 
-    try:
-        check_mlx_lm_version()
-        version_note = "supported"
-    except RuntimeError:
-        version_note = f"NOT supported (needs {SUPPORTED_RANGE})"
+    version_note = ("tested" if supported() else
+                    f"NOT tested (the plugin needs {MLX_LM_RANGE}; it patches nothing and refuses --kv-scheme)")
     print(f"mlx-lm {mlx_lm_version}: {version_note}")
     print(f"auto-loading: {_autoload_status()}")
     overrides = user_overrides_file()
