@@ -18,7 +18,7 @@ import os
 import sys
 
 from . import compat, settings
-from .errors import OverridesFileError, UnsupportedModelError
+from .errors import CacheFormatError, OverridesFileError, UnsupportedModelError
 
 COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
 
@@ -86,7 +86,7 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except (UnsupportedModelError, OverridesFileError) as error:
+        except (UnsupportedModelError, OverridesFileError, CacheFormatError) as error:
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
