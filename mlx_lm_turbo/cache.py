@@ -18,6 +18,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
 from .codec import TurboCodec
 from .errors import CacheFormatError
+from .rotation import legacy_signs_reproducible
 from .schemes import parse_scheme
 
 # The layout of a saved cache's state, written into its metadata. 0: release 0.1.0 (no
@@ -30,8 +31,6 @@ _SAVED_KEYS = ("scheme", "seed", "layer", "uncompressed_start", "key_calibration
 def check_format(meta: dict) -> int:
     """The format version of a saved cache's metadata, or CacheFormatError saying why
     this version cannot continue it exactly."""
-    from .rotation import legacy_signs_reproducible
-
     version = meta.get("format", 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CacheFormatError(

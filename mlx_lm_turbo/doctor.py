@@ -33,8 +33,8 @@ def main(argv=None):
 
     from mlx_lm import __version__ as mlx_lm_version
 
-    from .compat import MLX_LM_RANGE, supported
     from .adapters import model_module_verdicts
+    from .compat import MLX_LM_RANGE, supported
     from .plugins import all_adapters
     from .registry import user_overrides_file
 
