@@ -10,8 +10,10 @@ _EXPORTS = {
     "KVScheme": ".schemes", "parse_scheme": ".schemes",
     "TurboKV": ".cache", "TurboQuantKVCache": ".cache", "TurboQuantRotatingKVCache": ".cache",
     "make_prompt_cache": ".prompt_cache", "plan": ".prompt_cache",
-    "register_override": ".registry", "UnsupportedModelError": ".errors",
-    "hookimpl": ".hookspecs",
+    "UnsupportedModelError": ".errors",
+    # the plugin API (mlx_lm_turbo/hookspecs.py)
+    "hookimpl": ".hookspecs", "Adapter": ".adapters", "AdapterPlugin": ".adapters",
+    "Capabilities": ".adapters", "OverrideRegistry": ".registry", "register_override": ".registry",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,14 +1,16 @@
 """Architecture adapters: how a model family gets TurboQuant caches.
 
-An adapter states what it supports (capability flags) and turns the caches
-mlx-lm would build into compressed ones. ``KVCacheAdapter`` covers every model
-whose caches are ``KVCache`` / ``RotatingKVCache`` (plus state caches left
-untouched) and whose attention goes through mlx-lm's
-``scaled_dot_product_attention``; the files in ``mlx_lm_turbo/models/`` declare
-which model types use it and with which flags.
+An adapter turns the caches mlx-lm would build into compressed ones, within what
+its capability flags allow. ``Adapter`` itself serves every model whose caches are
+``KVCache`` / ``RotatingKVCache`` (state caches left untouched) and whose
+attention hands the fetched keys and values to mlx-lm's
+``scaled_dot_product_attention`` (read from the model's source: ``structure.py``);
+any other model is refused with the reason. The files in ``mlx_lm_turbo/models/``
+declare which model types use which adapter.
 """
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional, Tuple
 
 from mlx_lm.models import cache as mlx_cache
@@ -17,17 +19,25 @@ from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
 from .errors import UnsupportedModelError
 from .hookspecs import hookimpl
 from .schemes import KVScheme
+from .structure import attention_problem, model_modules
 
+# The caches an adapter compresses, exactly these types (a subclass may store more).
+CACHE_KINDS = {mlx_cache.KVCache: "kv", mlx_cache.RotatingKVCache: "rotating"}
 # Caches that hold no keys and values (linear attention, Mamba state): left as they are.
 STATE_CACHES = (mlx_cache.ArraysCache,)
 
 
+def refusal(model_type, why) -> str:
+    """The message for a model the plugin cannot serve: what, why, and what to do."""
+    return (f"mlx-lm-turbo cannot serve model type {model_type!r}: {why}. "
+            "Run it without --kv-scheme.")
+
+
 @dataclass(frozen=True)
 class Capabilities:
-    supports_turbo_quantization: bool = True
+    # Sliding-window (RotatingKVCache) layers get the compressed ring buffer; an
+    # adapter without it refuses models that have such layers.
     supports_sliding_window: bool = True
-    supports_attention_sinks: bool = False
-    supports_kv_sharing: bool = False
     supports_compact: bool = False  # a fused compressed-domain decode kernel honours this family
     compact_note: str = "the fused decode kernel is not built yet"
     notes: str = ""
@@ -48,38 +58,32 @@ class Adapter:
     name: str
     model_types: Tuple[str, ...]
     capabilities: Capabilities = field(default_factory=Capabilities)
-    refusal: str = ""  # why a family cannot be supported and what to do; may use {model_type}
 
     def plan(self, model, scheme: KVScheme, *, boundary_skip, layer_schemes=None, max_kv_size=None):
         """Per cache entry: compressed with which scheme, or left alone, and why."""
-        if not self.capabilities.supports_turbo_quantization:
-            raise UnsupportedModelError(self.refusal.format(model_type=model_type_of(model)))
         if scheme.compact and not self.capabilities.supports_compact:
             raise UnsupportedModelError(
                 f"{scheme.name} asks for the fused compressed-domain decode kernel, which "
                 f"{self.name} models cannot use: {self.capabilities.compact_note}. "
                 f"Use {scheme.name.replace('-compact', '')} instead."
             )
+        problem = attention_problem(model)
+        if problem:
+            raise UnsupportedModelError(refusal(model_type_of(model), problem))
         caches = mlx_make_prompt_cache(model, max_kv_size)
         kinds = []
         for i, c in enumerate(caches):
-            if type(c) is mlx_cache.KVCache:
-                kinds.append("kv")
-            elif type(c) is mlx_cache.RotatingKVCache:
-                kinds.append("rotating")
-            elif isinstance(c, STATE_CACHES):
-                kinds.append("state")
-            else:
-                raise UnsupportedModelError(
-                    f"TurboQuant cannot compress the {type(c).__name__} cache of model type "
-                    f"{model_type_of(model)!r} (layer {i}); run this model without --kv-scheme."
-                )
+            kind = CACHE_KINDS.get(type(c)) or ("state" if isinstance(c, STATE_CACHES) else None)
+            if kind is None:
+                raise UnsupportedModelError(refusal(
+                    model_type_of(model), f"its layer {i} keeps a {type(c).__name__}, which TurboQuant cannot compress"))
+            if kind == "rotating" and not self.capabilities.supports_sliding_window:
+                raise UnsupportedModelError(refusal(
+                    model_type_of(model), f"its layer {i} has a sliding window, which the {self.name} adapter does not handle"))
+            kinds.append(kind)
         attention = [i for i, k in enumerate(kinds) if k != "state"]
         if not attention:
-            raise UnsupportedModelError(
-                f"Model type {model_type_of(model)!r} has no KV-cache layers to compress; "
-                "run it without --kv-scheme."
-            )
+            raise UnsupportedModelError(refusal(model_type_of(model), "it has no KV-cache layers to compress"))
         plans = []
         for i, kind in enumerate(kinds):
             if kind == "state":
@@ -107,6 +111,12 @@ class Adapter:
             else:
                 caches[p.index] = TurboQuantKVCache(p.scheme, layer=p.index, **cache_options)
         return caches
+
+
+@lru_cache(maxsize=None)
+def model_module_verdicts():
+    """{each model module of the installed mlx-lm: None if served, else why not}."""
+    return model_modules([c.__name__ for c in CACHE_KINDS], [c.__name__ for c in STATE_CACHES])
 
 
 def mlx_make_prompt_cache(model, max_kv_size=None):

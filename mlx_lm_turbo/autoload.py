@@ -7,24 +7,34 @@
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
 
-Only light modules are imported here: the codec loads when a scheme is used.
+Outside the tested mlx-lm range (``compat.py``) nothing is patched; a requested
+scheme gets one notice instead. The wrappers pass every argument through, so an
+mlx-lm that adds one keeps working. Only light modules are imported here: the
+codec loads when a scheme is used.
 """
 
 import functools
+import os
 import sys
 
-from . import settings
-from .errors import OverridesFileError, UnsupportedModelError
+from . import compat, settings
+from .errors import CacheFormatError, OverridesFileError, UnsupportedModelError
 
 COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
 
 
+def _model_and_max_kv_size(model, max_kv_size=None):
+    """make_prompt_cache's arguments in the tested mlx-lm range."""
+    return model, max_kv_size
+
+
 def make_prompt_cache_with_plugin(original):
     @functools.wraps(original)
-    def make_prompt_cache(model, max_kv_size=None):
+    def make_prompt_cache(*args, **kwargs):
         active = settings.active
         if active is None:
-            return original(model, max_kv_size)
+            return original(*args, **kwargs)
+        model, max_kv_size = _model_and_max_kv_size(*args, **kwargs)
         from .prompt_cache import make_prompt_cache as turbo_make_prompt_cache
 
         caches = turbo_make_prompt_cache(
@@ -76,7 +86,7 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except (UnsupportedModelError, OverridesFileError) as error:
+        except (UnsupportedModelError, OverridesFileError, CacheFormatError) as error:
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
@@ -87,6 +97,11 @@ def main_with_plugin(original):
 
 
 def attach(module):
+    if not compat.supported():
+        from .cli_options import ENV_SCHEME
+
+        compat.notice_if_scheme_asked(os.environ.get(ENV_SCHEME))
+        return
     name = module.__name__
     if name == "mlx_lm.models.cache":
         module.make_prompt_cache = make_prompt_cache_with_plugin(module.make_prompt_cache)

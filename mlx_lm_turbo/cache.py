@@ -18,7 +18,38 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
 from .codec import TurboCodec
+from .errors import CacheFormatError
+from .rotation import legacy_signs_reproducible
 from .schemes import parse_scheme
+
+# The layout of a saved cache's state, written into its metadata. 0: release 0.1.0 (no
+# "format" key; rotation signs from NumPy's Generator); 1: the signs named in the codec's
+# metadata. Change the layout, bump this, and say in check_format what older ones become.
+FORMAT_VERSION = 1
+_SAVED_KEYS = ("scheme", "seed", "layer", "uncompressed_start", "key_calibration", "sink_tokens", "offset", "codec")
+
+
+def check_format(meta: dict) -> int:
+    """The format version of a saved cache's metadata, or CacheFormatError saying why
+    this version cannot continue it exactly."""
+    version = meta.get("format", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CacheFormatError(
+            f"This prompt cache was saved in format {version!r} by a newer mlx-lm-turbo; this one reads "
+            f"formats up to {FORMAT_VERSION}. Upgrade mlx-lm-turbo or re-create the cache.")
+    missing = [k for k in _SAVED_KEYS if k not in meta]
+    if missing:
+        raise CacheFormatError(
+            f"This prompt cache lacks {', '.join(missing)} (saved before mlx-lm-turbo 0.1.0?); "
+            "re-create it with this version.")
+    if version == 0 and meta["codec"] is not None and not legacy_signs_reproducible():
+        import numpy
+
+        raise CacheFormatError(
+            "This prompt cache was saved by mlx-lm-turbo 0.1.0, whose rotation came from NumPy's random "
+            f"generator, and NumPy {numpy.__version__} draws different numbers: it would continue "
+            "differently. Re-create the cache with this version (or use the NumPy that saved it).")
+    return version
 
 
 class TurboKV:
@@ -214,7 +245,7 @@ class _TurboCache:
     @property
     def meta_state(self):
         meta = {
-            "scheme": self.scheme.name, "seed": self.seed, "layer": self.layer,
+            "format": FORMAT_VERSION, "scheme": self.scheme.name, "seed": self.seed, "layer": self.layer,
             "uncompressed_start": self.uncompressed_start, "key_calibration": self.key_calibration,
             "sink_tokens": self.sink_tokens, "offset": self.offset, "codec": self.codec.meta() if self.codec else None,
             **self._extra_meta(),
@@ -224,6 +255,7 @@ class _TurboCache:
     @meta_state.setter
     def meta_state(self, v):
         meta = json.loads(v[0])
+        check_format(meta)
         self.scheme = parse_scheme(meta["scheme"])
         self.seed, self.layer = meta["seed"], meta["layer"]
         self.uncompressed_start = meta["uncompressed_start"]

@@ -20,7 +20,7 @@ import mlx.core as mx
 from .codebooks import boundaries, check_head_dim, codebook
 from .kernels.encode import fused_encode
 from .packing import pack, packed_words, three_bit_groups, unpack, unpack_three_bit_groups
-from .rotation import rotation
+from .rotation import LEGACY_SIGNS, SIGNS, rotation
 from .schemes import KVScheme, parse_scheme
 
 # none:          keys as they are.
@@ -84,7 +84,7 @@ class TurboCodec:
     """Rotation, key calibration and codebooks of one layer; stateless once built."""
 
     def __init__(self, scheme: KVScheme, *, key_dim, value_dim, n_kv_heads, dtype,
-                 seed=0, layer=0, key_calibration=None):
+                 seed=0, layer=0, key_calibration=None, signs=SIGNS):
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(
                 f"TurboQuant caches take float16, bfloat16 or float32 keys and values, got {dtype}."
@@ -101,10 +101,10 @@ class TurboCodec:
         self.scheme = scheme
         self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
         self.dtype = dtype
-        self.seed, self.layer = seed, layer
+        self.seed, self.layer, self.signs = seed, layer, signs
         self.key_calibration = key_calibration if scheme.key_bits else "none"
-        self.key_rotation = rotation(key_dim, seed, layer) if scheme.key_bits else None
-        self.value_rotation = rotation(value_dim, seed, layer)
+        self.key_rotation = rotation(key_dim, seed, layer, signs) if scheme.key_bits else None
+        self.value_rotation = rotation(value_dim, seed, layer, signs)
         self.key_mean = None  # (1 or batch, n_kv_heads, key_dim) float32, set by calibrate()
         self.key_scale = None
 
@@ -234,6 +234,7 @@ class TurboCodec:
             "scheme": self.scheme.name, "key_dim": self.key_dim, "value_dim": self.value_dim,
             "n_kv_heads": self.n_kv_heads, "dtype": str(self.dtype).split(".")[-1],
             "seed": self.seed, "layer": self.layer, "key_calibration": self.key_calibration,
+            "signs": self.signs,
         })
 
     @classmethod
@@ -241,6 +242,7 @@ class TurboCodec:
         m = json.loads(meta)
         codec = cls(parse_scheme(m["scheme"]), key_dim=m["key_dim"], value_dim=m["value_dim"],
                     n_kv_heads=m["n_kv_heads"], dtype=getattr(mx, m["dtype"]), seed=m["seed"],
-                    layer=m["layer"], key_calibration=m["key_calibration"])
+                    layer=m["layer"], key_calibration=m["key_calibration"],
+                    signs=m.get("signs", LEGACY_SIGNS))  # release 0.1.0 did not name them
         codec.key_mean, codec.key_scale = key_mean, key_scale
         return codec

@@ -33,29 +33,33 @@ def main(argv=None):
 
     from mlx_lm import __version__ as mlx_lm_version
 
-    from .compat import SUPPORTED_RANGE, check_mlx_lm_version
+    from .adapters import model_module_verdicts
+    from .compat import MLX_LM_RANGE, supported
     from .plugins import all_adapters
     from .registry import user_overrides_file
 
-    try:
-        check_mlx_lm_version()
-        version_note = "supported"
-    except RuntimeError:
-        version_note = f"NOT supported (needs {SUPPORTED_RANGE})"
+    version_note = ("tested" if supported() else
+                    f"NOT tested (the plugin needs {MLX_LM_RANGE}; it patches nothing and refuses --kv-scheme)")
     print(f"mlx-lm {mlx_lm_version}: {version_note}")
     print(f"auto-loading: {_autoload_status()}")
     overrides = user_overrides_file()
     print(f"user overrides file: {overrides} ({'present' if overrides.exists() else 'absent'})\n")
 
-    print("| plugin | adapter | model types | turbo | sliding window | sinks | KV sharing | compact | notes |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    yes = lambda flag: "yes" if flag else "no"
+    # In the order plugins are asked: the first adapter listing a model type serves it.
+    print("| plugin | adapter | model types | sliding-window layers | -compact schemes | notes |")
+    print("|---|---|---|---|---|---|")
     for plugin, adapter in all_adapters():
         c = adapter.capabilities
         print(f"| {plugin} | {adapter.name} | {', '.join(adapter.model_types)} | "
-              f"{yes(c.supports_turbo_quantization)} | {yes(c.supports_sliding_window)} | "
-              f"{yes(c.supports_attention_sinks)} | {yes(c.supports_kv_sharing)} | "
-              f"{yes(c.supports_compact)} | {c.notes} |")
+              f"{'compressed' if c.supports_sliding_window else 'refused'} | "
+              f"{'accepted' if c.supports_compact else 'refused: ' + c.compact_note} | {c.notes} |")
+
+    verdicts = model_module_verdicts()
+    refused = {name: why for name, why in verdicts.items() if why}
+    print(f"\nmlx-lm {mlx_lm_version} model modules: {len(verdicts) - len(refused)} served, "
+          f"{len(refused)} refused (read from their source):")
+    for name, why in refused.items():
+        print(f"  {name}: {why}")
 
     if args.model:
         from mlx_lm import load

@@ -7,3 +7,7 @@ class UnsupportedModelError(ValueError):
 
 class OverridesFileError(ValueError):
     """The user's overrides file cannot be read; the message names the file and the entry."""
+
+
+class CacheFormatError(ValueError):
+    """A saved prompt cache this version cannot continue exactly; the message says why."""

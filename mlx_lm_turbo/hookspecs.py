@@ -7,10 +7,14 @@ group ``mlx_lm_turbo``::
     [project.entry-points.mlx_lm_turbo]
     my_family = "my_package.turbo_plugin"
 
-The built-in architecture adapters (``mlx_lm_turbo/models/``) are registered
-through that same group, each file exporting ``plugin = AdapterPlugin(ADAPTER)``
-(``mlx_lm_turbo.adapters``), which a third-party family can do too. A plugin that fails to import or register is skipped
-with one warning naming it; mlx-lm keeps working.
+An implementation may take fewer arguments than the spec names, or be a
+``hookimpl(wrapper=True)`` generator, as pluggy allows. An adapter plugin can
+simply export ``plugin = AdapterPlugin(Adapter(...))``, as the built-in
+adapters (``mlx_lm_turbo/models/``) do; those are registered first, so an
+installed plugin serving the same model type takes over. A plugin that fails to
+import or validate is skipped with one warning naming it; mlx-lm keeps working.
+``hookimpl``, ``Adapter``, ``AdapterPlugin``, ``Capabilities`` and
+``OverrideRegistry`` are importable from ``mlx_lm_turbo``.
 """
 
 import pluggy
@@ -26,8 +30,8 @@ def mlx_lm_turbo_adapter(model_type: str, model):
     give this model TurboQuant caches, or None to let other plugins answer.
 
     Called with the model's ``model_type`` (from its config) and the loaded
-    mlx-lm model. The first non-None answer wins; plugins registered later are
-    asked first, so a third-party adapter can take over a built-in one.
+    mlx-lm model. The first non-None answer wins; installed plugins are asked
+    before the built-in adapters, so a third-party adapter takes over a built-in one.
     """
 
 

@@ -11,6 +11,7 @@ import sys
 
 from .attention import turbo_scaled_dot_product_attention
 from .cache import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
+from .compat import check_mlx_lm_version
 
 CACHE_CLASSES = (TurboQuantKVCache, TurboQuantRotatingKVCache)
 
@@ -27,6 +28,7 @@ def _make_dispatch(original):
 
 def install_attention_dispatch():
     """Idempotently route attention over turbo caches to the rotated-domain path."""
+    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
     base = importlib.import_module("mlx_lm.models.base")
     original = base.scaled_dot_product_attention
     if hasattr(original, "turbo_original"):
@@ -42,6 +44,7 @@ def register_cache_classes():
     """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name there."""
     import mlx_lm.models.cache as mlx_cache
 
+    check_mlx_lm_version()
     for cls in CACHE_CLASSES:
         setattr(mlx_cache, cls.__name__, cls)
 

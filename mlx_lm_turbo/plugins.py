@@ -1,5 +1,15 @@
-"""The plugin manager: built-in adapters and third-party plugins, loaded from entry points."""
+"""The plugin manager, set up as pytest sets up its own.
 
+The built-in adapters (``mlx_lm_turbo/models/``) are registered first and
+directly; installed plugins, found through the ``mlx_lm_turbo`` entry-point
+group, are registered after them. pluggy asks the plugins registered last first,
+so a third-party adapter for a model type wins over the built-in one. Hooks are
+called through pluggy's own hook caller (each implementation gets the arguments
+it declares; wrappers wrap). A plugin that fails to load or to validate is
+unregistered with one warning naming it; mlx-lm keeps working.
+"""
+
+import importlib
 import warnings
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -10,64 +20,53 @@ from . import hookspecs
 from .adapters import model_type_of
 from .errors import UnsupportedModelError
 
-ENTRY_POINT_GROUP = hookspecs.PROJECT
-BUILTIN_PLUGINS = {  # mirrored in pyproject.toml's entry points
-    "kv_cache": "mlx_lm_turbo.models.kv_cache:plugin",
-    "qwen3_5": "mlx_lm_turbo.models.qwen3_5:plugin",
-    "nemotron_h": "mlx_lm_turbo.models.nemotron_h:plugin",
-    "gemma4": "mlx_lm_turbo.models.gemma4:plugin",
-    "gpt_oss": "mlx_lm_turbo.models.gpt_oss:plugin",
-    "unsupported": "mlx_lm_turbo.models.unsupported:plugin",
-}
+BUILTIN_PLUGINS = ("kv_cache", "qwen3_5", "nemotron_h", "gemma4", "gpt_oss")  # modules of mlx_lm_turbo.models
 
 
-def _warn(plugin, error):
-    warnings.warn(f"mlx-lm-turbo: plugin {plugin!r} failed and is skipped: {error!r}", stacklevel=3)
+def _register_installed(pm, entry_point):
+    plugin = None
+    try:
+        plugin = entry_point.load()
+        if pm.is_registered(plugin):  # metadata of an older install listing a built-in
+            return
+        pm.register(plugin, name=entry_point.name)
+        pm.check_pending()  # a hook name no spec knows (a typo) fails here, not silently
+        if not pm.get_hookcallers(plugin):  # e.g. the entry point names the module, not its plugin
+            raise ValueError(f"it implements none of the {hookspecs.PROJECT} hooks")
+    except Exception as error:  # a broken plugin must not break mlx-lm
+        if plugin is not None and pm.is_registered(plugin):
+            pm.unregister(plugin)
+        warnings.warn(f"mlx-lm-turbo: plugin {entry_point.name!r} ({entry_point.value}) failed and is "
+                      f"skipped: {error!r}", stacklevel=2)
 
 
 @lru_cache(maxsize=None)
 def plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            pm.register(ep.load(), name=ep.name)
-        except Exception as error:  # a broken plugin must not break mlx-lm
-            _warn(f"{ep.name} ({ep.value})", error)
-    # Running from a source tree without installed metadata: the built-ins still count.
-    import importlib
-
-    for name, target in BUILTIN_PLUGINS.items():
-        if pm.get_plugin(name) is None:
-            module, attribute = target.split(":")
-            pm.register(getattr(importlib.import_module(module), attribute), name=name)
+    for name in BUILTIN_PLUGINS:
+        pm.register(importlib.import_module(f"{__package__}.models.{name}").plugin, name=f"{__package__}.{name}")
+    for entry_point in entry_points(group=hookspecs.PROJECT):
+        _register_installed(pm, entry_point)
     return pm
-
-
-def _call_each(hook_name, **kwargs):
-    """Call a hook's implementations one by one (pluggy's order), skipping broken ones."""
-    pm = plugin_manager()
-    for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
-        try:
-            yield impl.plugin_name, impl.function(**kwargs)
-        except UnsupportedModelError:
-            raise
-        except Exception as error:
-            _warn(impl.plugin_name, error)
 
 
 def adapter_for(model):
     model_type = model_type_of(model)
-    for _, adapter in _call_each("mlx_lm_turbo_adapter", model_type=model_type, model=model):
-        if adapter is not None:
-            return adapter
-    raise UnsupportedModelError(
-        f"No mlx-lm-turbo adapter handles model type {model_type!r}; run it without --kv-scheme."
-    )
+    adapter = plugin_manager().hook.mlx_lm_turbo_adapter(model_type=model_type, model=model)
+    if adapter is None:
+        raise UnsupportedModelError(
+            f"No mlx-lm-turbo adapter handles model type {model_type!r}; run it without --kv-scheme."
+        )
+    return adapter
 
 
 def all_adapters():
-    adapters = []
-    for plugin, provided in _call_each("mlx_lm_turbo_adapters"):
-        adapters += [(plugin, a) for a in provided or ()]
-    return adapters
+    """(plugin name, adapter) for every adapter plugins list, in the order they are asked."""
+    pm = plugin_manager()
+    listed = []
+    for impl in reversed(pm.hook.mlx_lm_turbo_adapters.get_hookimpls()):
+        others = [p for p in pm.get_plugins() if p is not impl.plugin]
+        for provided in pm.subset_hook_caller("mlx_lm_turbo_adapters", remove_plugins=others)():
+            listed += [(impl.plugin_name, a) for a in provided or ()]
+    return listed

@@ -97,11 +97,10 @@ def _load_toml(registry, path):
 
 @lru_cache(maxsize=None)
 def registry() -> OverrideRegistry:
-    from .plugins import _call_each
+    from .plugins import plugin_manager
 
     reg = OverrideRegistry()
-    for _ in _call_each("mlx_lm_turbo_register_overrides", registry=reg):
-        pass
+    plugin_manager().hook.mlx_lm_turbo_register_overrides(registry=reg)
     path = user_overrides_file()
     if path.exists():
         _load_toml(reg, path)

@@ -10,10 +10,6 @@ from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, make_prom
 from mlx_lm_turbo.quality import teacher_forced_logprobs
 from tiny_models import ARCHITECTURES, FLOAT32
 
-# Random-weight Gemma 4 attends with scale 1.0 over RMS-normed queries and keys of
-# 256/512 dims: near one-hot attention that amplifies any error (8-bit values alone
-# give KL ~2e-3 there); every other family stays below 1e-4 at 8 bits.
-TURBO8_KL = {"gemma4": 0.15, "gemma4_text": 0.15}
 TOKENS = mx.random.randint(3, 262, (48,), key=mx.random.key(0))
 
 
@@ -21,15 +17,29 @@ def kl(reference, other):
     return (mx.exp(reference) * (reference - other)).sum(-1).mean().item()
 
 
+def with_trained_score_spread(model):
+    """Gemma 4 attends with scale 1.0 over RMS-normed queries and keys: with random norm
+    weights the scores of its 256/512-dim heads spread ~16, near one-hot attention that
+    amplifies any error a thousandfold (KL 0.03 at 8 bits). A trained q_norm keeps them
+    near unit spread; scaling it by 1/sqrt(head_dim) does that here, every path (sliding,
+    full, KV-shared) unchanged, so Gemma 4 is held to the bound every family meets."""
+    for name, module in model.named_modules():
+        if name.endswith("self_attn.q_norm"):
+            module.weight = module.weight / module.weight.shape[0] ** 0.5
+    return model
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_compressed_and_close_to_fp16(arch, tiny_model):
     model, _ = load(str(tiny_model(arch)))
+    if arch.startswith("gemma4"):
+        model = with_trained_score_spread(model)
     reference = teacher_forced_logprobs(model, TOKENS, mlx_make_prompt_cache(model), 32)
     errors = {}
     for scheme in ("turbo8", "turbo4", "turbo2"):
         cache = make_prompt_cache(model, scheme, boundary_skip=0)
         errors[scheme] = kl(reference, teacher_forced_logprobs(model, TOKENS, cache, 32))
-    assert errors["turbo8"] < TURBO8_KL.get(arch, 1e-4), errors
+    assert errors["turbo8"] < 1e-4, errors
     assert errors["turbo8"] < errors["turbo4"] < errors["turbo2"], errors
 
     fp16 = mlx_make_prompt_cache(model)

@@ -16,12 +16,12 @@ LENGTHS = [20, 7, 13]
 DECODE = 6
 
 
-def sequences(lengths=LENGTHS):
+def sequences(lengths=LENGTHS, decode=DECODE):
     out = []
     for i, n in enumerate(lengths):
-        k = outlier_keys((1, H, n + DECODE, D), seed=i).astype(mx.float16)
-        v = mx.random.normal((1, H, n + DECODE, D), key=mx.random.key(i + 9)).astype(mx.float16)
-        q = mx.random.normal((1, HQ, n + DECODE, D), key=mx.random.key(i + 50)).astype(mx.float16)
+        k = outlier_keys((1, H, n + decode, D), seed=i).astype(mx.float16)
+        v = mx.random.normal((1, H, n + decode, D), key=mx.random.key(i + 9)).astype(mx.float16)
+        q = mx.random.normal((1, HQ, n + decode, D), key=mx.random.key(i + 50)).astype(mx.float16)
         out.append((k, v, q))
     return out
 
@@ -105,8 +105,14 @@ def test_merge_filter_extend_keep_compressed_history_bit_exact():
 def test_trim_and_deepcopy():
     batch, _ = batch_run(sequences(), "turbo4", None)
     clone = copy.deepcopy(batch)
+    before = [[mx.array(a) for a in clone.extract(i)._stored_slice()] for i in range(len(LENGTHS))]
     assert batch.trim(3) == 3 and batch.size() == clone.size() - 3
     assert (clone.offset - batch.offset).tolist() == [3, 3, 3]
+    for i, n in enumerate(LENGTHS):
+        trimmed, kept = batch.extract(i)._stored_slice(), clone.extract(i)._stored_slice()
+        for t, k, b in zip(trimmed, kept, before[i]):
+            assert k.shape[2] == n + DECODE and mx.array_equal(k, b).item()  # the copy is untouched
+            assert t.shape[2] == n + DECODE - 3 and mx.array_equal(t, k[:, :, :-3]).item()
 
 
 def test_batch_of_empty_caches_then_extend_with_a_new_request():
@@ -137,8 +143,8 @@ def test_rotating_batch_equals_single_sequences(scheme):
     from mlx_lm_turbo import TurboQuantRotatingKVCache
     from mlx_lm_turbo.batch_cache import TurboQuantBatchRotatingKVCache
 
-    max_size, decode = 16, 12  # windows wrap during decode
-    seqs = sequences([20, 7, 13])
+    max_size, decode = 16, 12  # every window wraps during decode
+    seqs = sequences([20, 7, 13], decode)
     lengths = [20, 7, 13]
     batch = TurboQuantRotatingKVCache.merge([TurboQuantRotatingKVCache(scheme, max_size) for _ in seqs])
     assert isinstance(batch, TurboQuantBatchRotatingKVCache) and not hasattr(batch, "to_quantized")
@@ -147,20 +153,22 @@ def test_rotating_batch_equals_single_sequences(scheme):
     batch.update_and_fetch(right_padded([s[0] for s in seqs], lengths), right_padded([s[1] for s in seqs], lengths))
     batch.finalize()
     outs = []
-    for step in range(min(decode, DECODE)):
+    for step in range(decode):
         pick = lambda j: mx.concatenate([s[j][:, :, n + step:n + step + 1] for s, n in zip(seqs, lengths)])
         mask = batch.make_mask(1, window_size=max_size)
         view, _ = batch.update_and_fetch(pick(0), pick(1))
         outs.append(turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask))
     out = mx.concatenate(outs, axis=2)
     for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
-        single, expected = rotating_single(k, v, q, n, scheme, max_size, min(decode, DECODE))
+        single, expected = rotating_single(k, v, q, n, scheme, max_size, decode)
         assert mx.allclose(out[i:i + 1], expected, atol=1e-3).item(), i
         extracted = batch.extract(i)
-        assert extracted.offset == single.offset
-        got = extracted.codec.decode(extracted._stored_slice())[1]
-        want = single.codec.decode(single._stored_slice())[1]
-        assert got.shape == want.shape
+        assert extracted.offset == single.offset == n + decode
+        # the same window, in temporal order, decoded to the same keys and values
+        got = [extracted._temporal_order(a) for a in extracted.codec.decode(extracted._stored_slice())]
+        want = [single._temporal_order(a) for a in single.codec.decode(single._stored_slice())]
+        for a, b in zip(got, want):
+            assert a.shape[2] == max_size and mx.array_equal(a, b).item(), i
 
 
 @pytest.mark.parametrize("rotating", [False, True])

@@ -111,10 +111,16 @@ def test_deepcopy_is_independent():
 
 
 def test_trim_then_continue_matches_a_shorter_cache():
-    keys, values = kv(200)
-    cache = fill(TurboQuantKVCache("turbo4"), keys, values, chunk=200)
+    keys, values = kv(210)
+    cache = fill(TurboQuantKVCache("turbo4"), keys[:, :, :200], values[:, :, :200], chunk=64)
     assert cache.is_trimmable() and cache.trim(50) == 50 and cache.offset == 150
-    assert cache.trim(1000) == 150 and cache.offset == 0 and cache.size() == 0
+    shorter = fill(TurboQuantKVCache("turbo4"), keys[:, :, :150], values[:, :, :150], chunk=64)
+    continued, _ = cache.update_and_fetch(keys[:, :, 150:], values[:, :, 150:])
+    expected, _ = shorter.update_and_fetch(keys[:, :, 150:], values[:, :, 150:])
+    assert cache.offset == shorter.offset == 210
+    for got, want in zip(continued.keys_and_values(), expected.keys_and_values()):
+        assert got.shape[2] == 210 and mx.array_equal(got, want).item()
+    assert cache.trim(1000) == 210 and cache.offset == 0 and cache.size() == 0
 
 
 def test_first_tokens_are_kept_exact_and_the_rest_dequantized():

@@ -8,8 +8,7 @@ from ..adapters import Adapter, AdapterPlugin, Capabilities
 ADAPTER = Adapter(
     name="gemma4",
     model_types=("gemma4", "gemma4_text"),
-    capabilities=Capabilities(supports_kv_sharing=True,
-                              notes="donor layers compressed; KV-shared layers read the donor's compressed K/V"),
+    capabilities=Capabilities(notes="donor layers compressed; KV-shared layers read the donor's compressed K/V"),
 )
 
 plugin = AdapterPlugin(ADAPTER)

@@ -1,8 +1,9 @@
-"""Every ordinary model: KVCache / RotatingKVCache layers, attention through mlx-lm's
-``scaled_dot_product_attention`` (llama, qwen3, mistral, phi3, ...). Asked last, so
-any family-specific adapter takes precedence."""
+"""Every other model: KVCache / RotatingKVCache layers, attention through mlx-lm's
+``scaled_dot_product_attention`` (llama, qwen3, mistral, phi3, ...); a model whose
+source shows otherwise is refused with the reason. Asked last, so any
+family-specific adapter takes precedence."""
 
-from ..adapters import Adapter, FallbackAdapterPlugin, Capabilities
+from ..adapters import Adapter, Capabilities, FallbackAdapterPlugin
 
 ADAPTER = Adapter(
     name="kv_cache",

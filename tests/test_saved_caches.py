@@ -1,0 +1,118 @@
+"""Saved prompt caches stay readable, or are refused saying why: a file saved by release
+0.1.0 (tests/fixtures/turbo-0.1.0, README there) continues exactly as 0.1.0 continued it."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+import mlx_lm_turbo.rotation as rotation
+from mlx_lm_turbo import make_prompt_cache
+from mlx_lm_turbo.cache import FORMAT_VERSION
+from mlx_lm_turbo.errors import CacheFormatError
+from test_cli import BIN
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "turbo-0.1.0"
+# Same arithmetic on the same backend repeats bit for bit; the tolerance only absorbs another
+# backend's rounding. A different rotation moves these logits by more than 1.
+LOGITS_ATOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def fixture_model():
+    return load(str(FIXTURE))
+
+
+def continue_from(model, cache, tokens):
+    """As the fixture's record.py: a chunk on top of the cache, then greedy single steps."""
+    logits = [model(tokens[None], cache=cache)[0].astype(mx.float32)]
+    for _ in range(6):
+        logits.append(model(mx.argmax(logits[-1][-1:], axis=-1)[None], cache=cache)[0].astype(mx.float32))
+    return mx.concatenate(logits, axis=0)
+
+
+@pytest.mark.parametrize("name", ["plain", "rotating"])
+def test_a_file_saved_by_0_1_0_continues_exactly_as_it_did(name, fixture_model):
+    model, _ = fixture_model
+    expected = mx.load(str(FIXTURE / "expected.safetensors"))
+    cache = load_prompt_cache(str(FIXTURE / f"{name}.safetensors"))
+    assert [c.codec.signs for c in cache] == [rotation.LEGACY_SIGNS] * 3
+    got = continue_from(model, cache, expected["tokens"])
+    assert mx.allclose(got, expected[f"{name}_logits"], rtol=0, atol=LOGITS_ATOL).item()
+
+
+def generated_text(stdout):
+    return stdout.split("==========\n")[1]
+
+
+def generate(tmp_path, *args):
+    """mlx_lm.generate where the fixture was saved: its files name the model "model"."""
+    model = tmp_path / "model"
+    if not model.exists():
+        shutil.copytree(FIXTURE, model)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+    return subprocess.run([str(BIN / "mlx_lm.generate"), "--model", "model", *map(str, args)], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=240)
+
+
+@pytest.mark.parametrize("name", ["plain", "rotating"])
+def test_generate_continues_a_0_1_0_file_as_it_did(name, tmp_path):
+    result = generate(tmp_path, "--prompt-cache-file", f"model/{name}.safetensors", "--prompt", " and more",
+                      "--max-tokens", 12, "--temp", 1.0, "--seed", 3)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert generated_text(result.stdout) == generated_text((FIXTURE / f"generate-{name}.txt").read_text())
+
+
+def test_a_0_1_0_file_is_refused_when_numpy_draws_differently(monkeypatch):
+    """0.1.0 drew its rotation from NumPy's Generator, which NumPy may change."""
+    monkeypatch.setattr(rotation, "legacy_signs", lambda d, seed, layer: rotation.splitmix64_signs(d, seed, layer))
+    with pytest.raises(CacheFormatError, match="saved by mlx-lm-turbo 0.1.0, whose rotation came from NumPy's "
+                                               "random generator, and NumPy .* draws different numbers"):
+        load_prompt_cache(str(FIXTURE / "plain.safetensors"))
+
+
+def with_meta_changed(source, target, change):
+    """Copy a saved cache file with each layer's metadata (its state's first leaf, a string
+    stored as character codes) changed by ``change(meta)``."""
+    arrays, metadata = mx.load(str(source), return_metadata=True)
+    for layer in range(len([k for k in metadata if k.startswith("1.")])):
+        meta = json.loads("".join(map(chr, arrays[f"{layer}.0"].tolist())))
+        change(meta)
+        arrays[f"{layer}.0"] = mx.array([ord(c) for c in json.dumps(meta)])
+    mx.save_safetensors(str(target), arrays, metadata)
+    return target
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda meta: meta.update(format=FORMAT_VERSION + 1),
+     f"saved in format {FORMAT_VERSION + 1} by a newer mlx-lm-turbo; this one reads formats up to "
+     f"{FORMAT_VERSION}. Upgrade mlx-lm-turbo or re-create the cache."),
+    (lambda meta: meta.pop("sink_tokens"), "lacks sink_tokens"),
+], ids=["newer", "incomplete"])
+def test_newer_and_incomplete_files_are_refused_by_the_commands_with_the_reason(change, why, tmp_path):
+    path = with_meta_changed(FIXTURE / "plain.safetensors", tmp_path / "edited.safetensors", change)
+    with pytest.raises(CacheFormatError, match=why.split(";")[0]):
+        load_prompt_cache(str(path))
+    result = generate(tmp_path, "--prompt-cache-file", path, "--prompt", "x", "--max-tokens", 2)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert why in result.stderr and "Traceback" not in result.stderr
+
+
+def test_new_files_name_their_format_and_rotation(fixture_model, tmp_path):
+    model, _ = fixture_model
+    cache = make_prompt_cache(model, "turbo3")
+    tokens = mx.array([[5, 6, 7, 8, 9, 10, 11]])
+    model(tokens[:, :-1], cache=cache)
+    save_prompt_cache(str(tmp_path / "c.safetensors"), cache)
+    loaded = load_prompt_cache(str(tmp_path / "c.safetensors"))
+    for c in loaded:
+        meta = json.loads(c.meta_state[0])
+        assert meta["format"] == FORMAT_VERSION and json.loads(meta["codec"])["signs"] == rotation.SIGNS
+    last = tokens[:, -1:]
+    assert mx.array_equal(model(last, cache=loaded), model(last, cache=cache)).item()
