@@ -38,8 +38,6 @@ class Capabilities:
     # Sliding-window (RotatingKVCache) layers get the compressed ring buffer; an
     # adapter without it refuses models that have such layers.
     supports_sliding_window: bool = True
-    supports_compact: bool = False  # a fused compressed-domain decode kernel honours this family
-    compact_note: str = "the fused decode kernel is not built yet"
     notes: str = ""
 
 
@@ -61,12 +59,6 @@ class Adapter:
 
     def plan(self, model, scheme: KVScheme, *, boundary_skip, layer_schemes=None, max_kv_size=None):
         """Per cache entry: compressed with which scheme, or left alone, and why."""
-        if scheme.compact and not self.capabilities.supports_compact:
-            raise UnsupportedModelError(
-                f"{scheme.name} asks for the fused compressed-domain decode kernel, which "
-                f"{self.name} models cannot use: {self.capabilities.compact_note}. "
-                f"Use {scheme.name.replace('-compact', '')} instead."
-            )
         problem = attention_problem(model)
         if problem:
             raise UnsupportedModelError(refusal(model_type_of(model), problem))

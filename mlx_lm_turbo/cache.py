@@ -100,8 +100,11 @@ class TurboKV:
 
 @lru_cache(maxsize=None)
 def _leading_positions(n):
-    """Positions of a sequence's first n tokens, (1, 1, n, 1): made once, not per step."""
-    return mx.arange(n)[None, None, :, None]
+    """Positions of a sequence's first n tokens, (1, 1, n, 1): made once, not per step
+    (and evaluated at once, so no thread's stream is tied to it)."""
+    positions = mx.arange(n)[None, None, :, None]
+    mx.eval(positions)
+    return positions
 
 
 def _install_attention_dispatch():

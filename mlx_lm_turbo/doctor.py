@@ -46,13 +46,12 @@ def main(argv=None):
     print(f"user overrides file: {overrides} ({'present' if overrides.exists() else 'absent'})\n")
 
     # In the order plugins are asked: the first adapter listing a model type serves it.
-    print("| plugin | adapter | model types | sliding-window layers | -compact schemes | notes |")
-    print("|---|---|---|---|---|---|")
+    print("| plugin | adapter | model types | sliding-window layers | notes |")
+    print("|---|---|---|---|---|")
     for plugin, adapter in all_adapters():
         c = adapter.capabilities
         print(f"| {plugin} | {adapter.name} | {', '.join(adapter.model_types)} | "
-              f"{'compressed' if c.supports_sliding_window else 'refused'} | "
-              f"{'accepted' if c.supports_compact else 'refused: ' + c.compact_note} | {c.notes} |")
+              f"{'compressed' if c.supports_sliding_window else 'refused'} | {c.notes} |")
 
     verdicts = model_module_verdicts()
     refused = {name: why for name, why in verdicts.items() if why}

@@ -96,17 +96,15 @@ def test_gemma4_kv_shared_layers_attend_to_the_donors_compressed_kv(tiny_model, 
     assert len(calls) == 6 and sorted(set(calls)) == [0, 1, 2, 3]
 
 
-def test_gpt_oss_refuses_compact_schemes(tiny_model):
-    from mlx_lm_turbo import UnsupportedModelError
-
-    model, _ = load(str(tiny_model("gpt_oss")))
-    with pytest.raises(UnsupportedModelError, match="attention sinks.*Use turbo4 instead"):
-        make_prompt_cache(model, "turbo4-compact")
-
-
-def test_compact_schemes_are_refused_until_the_kernel_exists(tiny_model):
-    from mlx_lm_turbo import UnsupportedModelError
-
-    model, _ = load(str(tiny_model("llama")))
-    with pytest.raises(UnsupportedModelError, match="not built yet. Use turbo3 instead"):
-        make_prompt_cache(model, "turbo3-compact")
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+def test_compact_schemes_are_the_plain_schemes_storage(tiny_model, arch):
+    """-compact (the Swift port's name for compressed-domain decode) is accepted
+    everywhere and stores exactly what the plain scheme stores."""
+    model, _ = load(str(tiny_model(arch)))
+    plain, compact = make_prompt_cache(model, "turbo3"), make_prompt_cache(model, "turbo3-compact")
+    tokens = mx.array([[1, 2, 3, 4, 5, 6, 7]])
+    assert mx.array_equal(model(tokens, cache=plain), model(tokens, cache=compact)).item()
+    for a, b in zip(plain, compact):
+        assert [x.shape for x in a.state if isinstance(x, mx.array)] == \
+            [x.shape for x in b.state if isinstance(x, mx.array)]
+        assert a.nbytes == b.nbytes

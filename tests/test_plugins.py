@@ -93,7 +93,7 @@ def test_doctor_reports_autoload_adapters_and_refused_modules(tiny_model):
     result = run("mlx-lm-turbo", "doctor")
     assert result.returncode == 0
     assert "auto-loading: active in this process" in result.stdout
-    assert "| plugin | adapter | model types | sliding-window layers | -compact schemes | notes |" in result.stdout
+    assert "| plugin | adapter | model types | sliding-window layers | notes |" in result.stdout
     assert "| mlx_lm_turbo.gpt_oss | gpt_oss | gpt_oss | compressed | refused: the fused decode kernel does not " \
            "handle attention sinks | learned attention sinks" in result.stdout
     assert "  plamo2: Attention.__call__ calls mx.fast.scaled_dot_product_attention itself" in result.stdout

@@ -76,5 +76,8 @@ def source(name):
 
 @lru_cache(maxsize=None)
 def placeholder(dtype):
-    """A one-element array standing for an input a variant does not read."""
-    return mx.zeros((1,), dtype)
+    """A one-element array standing for an input a variant does not read (evaluated at
+    once, so no thread's stream is tied to it)."""
+    array = mx.zeros((1,), dtype)
+    mx.eval(array)
+    return array
