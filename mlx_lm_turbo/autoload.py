@@ -14,7 +14,7 @@ import functools
 import sys
 
 from . import settings
-from .errors import OverridesFileError, UnsupportedModelError
+from .errors import UsageError
 
 COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
 
@@ -76,7 +76,7 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except (UnsupportedModelError, OverridesFileError) as error:
+        except UsageError as error:
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
@@ -84,6 +84,20 @@ def main_with_plugin(original):
 
     main.turbo_original = original
     return main
+
+
+def run_with_checks(original):
+    """The server checks what it can before serving: a refusal in its generation
+    thread would leave a server that answers every request with an error."""
+    @functools.wraps(original)
+    def run(host, port, model_provider, *args, **kwargs):
+        if settings.active is not None:
+            from .preflight import check_server
+
+            check_server(model_provider.cli_args, settings.active)
+        return original(host, port, model_provider, *args, **kwargs)
+
+    return run
 
 
 def attach(module):
@@ -94,6 +108,8 @@ def attach(module):
         return
     if name.rsplit(".", 1)[-1] in COMMANDS and hasattr(module, "main"):
         module.main = main_with_plugin(module.main)
+    if name == "mlx_lm.server":
+        module.run = run_with_checks(module.run)
     if name == "mlx_lm.perplexity":
         from .perplexity import eval_ppl_with_plugin
 
