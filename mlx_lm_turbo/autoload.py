@@ -1,9 +1,10 @@
 """What the plugin does as each of mlx-lm's modules finishes loading.
 
 - ``mlx_lm.models.cache``: route ``make_prompt_cache`` through the plugin, and
-  have ``load_prompt_cache`` register the turbo cache classes before reading a
-  file. The commands import both names from there, so they all get them; with
-  no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
+  have ``load_prompt_cache`` check a file (``cache_file``) and register the turbo
+  cache classes before reading it. The commands import both names from there, so
+  they all get them; with no scheme active ``make_prompt_cache`` is mlx-lm's own,
+  called unchanged.
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
 
@@ -60,10 +61,9 @@ def _announce(model, caches):
 def load_prompt_cache_with_plugin(original):
     @functools.wraps(original)
     def load_prompt_cache(*args, **kwargs):
-        from .integration import register_cache_classes
+        from .cache_file import load_prompt_cache as checked_load
 
-        register_cache_classes()
-        return original(*args, **kwargs)
+        return checked_load(original, *args, **kwargs)
 
     return load_prompt_cache
 

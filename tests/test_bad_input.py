@@ -5,6 +5,7 @@ Commands run in-process (their ``main`` with ``sys.argv`` patched) where a subpr
 would behave the same; the server and the start-up hook need subprocesses.
 """
 
+import re
 import sys
 
 import pytest
@@ -103,3 +104,141 @@ def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, cap
     status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama_hd16"), "--prompt", "hi",
                       "--max-tokens", 2, "--kv-scheme", "turbo4")
     assert status == 2 and "no codebook for head_dim=16" in capsys.readouterr().err
+
+
+# -- prompt-cache files ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_caches(tiny_model, tmp_path_factory):
+    """{'turbo4': path, 'turbo0v4': path, 'none': path} of prompt caches of the tiny llama."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.models.cache import save_prompt_cache
+
+    from mlx_lm_turbo import make_prompt_cache
+
+    model_dir = str(tiny_model("llama"))
+    model, tokenizer = load(model_dir)
+    root = tmp_path_factory.mktemp("prompt-caches")
+    files = {}
+    for scheme in ("turbo4", "turbo0v4", "none"):
+        cache = make_prompt_cache(model, scheme, boundary_skip=1)
+        for _ in stream_generate(model, tokenizer, tokenizer.encode("hello there " * 12), max_tokens=1,
+                                 prompt_cache=cache):
+            pass
+        files[scheme] = root / f"{scheme}.safetensors"
+        save_prompt_cache(str(files[scheme]), cache, {"model": model_dir, "tokenizer_config": "{}"})
+    return files
+
+
+def damaged(source, target, edit):
+    """A copy of a prompt-cache file with ``edit(arrays, meta_of, set_meta)`` applied to its raw contents."""
+    import json
+
+    import mlx.core as mx
+
+    arrays, metadata = mx.load(str(source), return_metadata=True)
+
+    def meta_of(entry):
+        return json.loads("".join(map(chr, arrays[f"{entry}.0"].tolist())))
+
+    def set_meta(entry, meta):
+        text = meta if isinstance(meta, str) else json.dumps(meta)
+        arrays[f"{entry}.0"] = mx.array([ord(c) for c in text], dtype=mx.int32)
+
+    edit(arrays, meta_of, set_meta)
+    mx.save_safetensors(str(target), arrays, metadata)
+    return target
+
+
+def _set(entry, **fields):
+    def edit(arrays, meta_of, set_meta):
+        meta = meta_of(entry)
+        for name, value in fields.items():
+            if name.startswith("codec_"):
+                codec = json.loads(meta["codec"])
+                codec[name[6:]] = value
+                meta["codec"] = json.dumps(codec)
+            else:
+                meta[name] = value
+        set_meta(entry, meta)
+
+    import json
+
+    return edit
+
+
+def _nan_norms(arrays, meta_of, set_meta):
+    import mlx.core as mx
+
+    arrays["2.8"] = mx.full(arrays["2.8"].shape, float("nan"), dtype=mx.float16)
+
+
+DAMAGE = {
+    "offset larger": (_set(1, offset=500), r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores"),
+    "offset smaller": (_set(1, offset=3), "its offset is 3 but it stores"),
+    "codec key dim": (_set(2, codec_key_dim=64), r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
+    "scheme vs codec": (_set(2, scheme="turbo3"), "codec's scheme turbo4 disagrees with its scheme turbo3"),
+    "scheme vs arrays": (_set(2, scheme="turbo3", codec_scheme="turbo3"), r"expected \(1, 2, \d+, 12\)"),
+    "missing value codes": (lambda arrays, *_: arrays.pop("1.7"), "the value-codes array is missing"),
+    "metadata not JSON": (lambda arrays, meta_of, set_meta: set_meta(0, "{not json"), "its metadata is not JSON"),
+    "NaN norms": (_nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
+    "bad dtype": (_set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_path):
+    from mlx_lm_turbo.cache_file import check
+    from mlx_lm_turbo.errors import PromptCacheFileError
+
+    edit, message = DAMAGE[case]
+    path = damaged(saved_caches["turbo4"], tmp_path / "damaged.safetensors", edit)
+    with pytest.raises(PromptCacheFileError) as info:
+        check(path)
+    assert str(info.value).startswith(f"Prompt-cache file {path} is damaged: cache ")
+    assert re.search(message, str(info.value))
+
+
+def test_good_prompt_cache_files_pass(saved_caches):
+    from mlx_lm_turbo.cache_file import check
+
+    for path in saved_caches.values():
+        check(path)
+
+
+def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
+    from mlx_lm_turbo.cache_file import check
+    from mlx_lm_turbo.errors import PromptCacheFileError
+
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(saved_caches["turbo4"].read_bytes()[:5000])
+    text = tmp_path / "text.safetensors"
+    text.write_text("hello")
+    for path, message in [(truncated, "not a complete safetensors file"), (text, "not a complete safetensors file"),
+                          (tmp_path / "missing.safetensors", "does not exist")]:
+        with pytest.raises(PromptCacheFileError, match=f"{path}.*{message}|{message}.*{path}"):
+            check(path)
+
+
+def test_generate_with_a_damaged_file_exits_2_naming_it(saved_caches, tmp_path, monkeypatch, capsys):
+    path = damaged(saved_caches["turbo4"], tmp_path / "nan.safetensors", _nan_norms)
+    status = run_main(monkeypatch, "mlx_lm.generate", "--prompt-cache-file", path, "--prompt", "and",
+                      "--max-tokens", 2)
+    err = capsys.readouterr().err
+    assert status == 2 and f"mlx-lm-turbo: Prompt-cache file {path} is damaged" in err
+
+
+@pytest.mark.parametrize("saved, flag, holds", [
+    ("turbo4", "turbo3", "holds KV caches 2 x turbo8, 4 x turbo4"),
+    ("none", "turbo4", "holds KV caches 6 x KVCache"),
+    ("turbo4", "turbo4", None),
+])
+def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(saved, flag, holds, saved_caches, monkeypatch, capsys):
+    status = run_main(monkeypatch, "mlx_lm.generate", "--prompt-cache-file", saved_caches[saved], "--prompt", "and",
+                      "--max-tokens", 2, "--kv-scheme", flag)
+    err = capsys.readouterr().err
+    assert status == 0, err
+    if holds:
+        assert f"{saved_caches[saved]} {holds}" in err and f"--kv-scheme {flag} does not change it" in err
+    else:
+        assert "does not change it" not in err
