@@ -32,7 +32,7 @@ def make_prompt_cache_with_plugin(original):
             model, active.scheme, boundary_skip=active.boundary_skip, max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start, model_path=active.model_path,
         )
-        _announce(model, caches)
+        _announce(model, caches, active.scheme)
         return caches
 
     make_prompt_cache.turbo_original = original
@@ -42,7 +42,7 @@ def make_prompt_cache_with_plugin(original):
 _announced = set()
 
 
-def _announce(model, caches):
+def _announce(model, caches, requested):
     """Say once per model, on stderr, what was compressed: a scheme is never silently unused."""
     if id(model) in _announced:
         return
@@ -54,8 +54,11 @@ def _announce(model, caches):
     schemes = Counter(c.scheme.name for c in caches if hasattr(c, "codec"))
     kept = len(caches) - sum(schemes.values())
     summary = ", ".join(f"{n} x {s}" for s, n in schemes.items())
+    unused = "" if requested.name in schemes else (
+        f"; no layer uses {requested.name}: every attention layer is a boundary layer "
+        "(--turbo-boundary-skip) or set by an override")
     print(f"[mlx-lm-turbo] {model_type_of(model)}: KV caches {summary}"
-          + (f"; {kept} state caches kept as they are" if kept else ""), file=sys.stderr)
+          + (f"; {kept} state caches kept as they are" if kept else "") + unused, file=sys.stderr)
 
 
 def load_prompt_cache_with_plugin(original):
