@@ -7,6 +7,7 @@ serving, the model is loaded lazily (no weights are read) and one token is trace
 through the caches the scheme gives it: every check of ours runs, nothing is computed.
 """
 
+import os
 from dataclasses import replace
 
 import mlx.core as mx
@@ -29,15 +30,17 @@ def check_model(model, active):
         pass  # the model's own needs (other inputs, ...) are mlx-lm's to report when it runs
 
 
-def _load_lazily(path, trust_remote_code):
+def load_model(path, *, lazy=False, trust_remote_code=False):
+    """mlx-lm's ``load`` -> (model, tokenizer), its failures a UsageError naming the model."""
     from mlx_lm.utils import load
 
     try:
-        model, _ = load(path, tokenizer_config={"trust_remote_code": trust_remote_code}, lazy=True,
-                        trust_remote_code=trust_remote_code)
-    except Exception as error:
-        raise UsageError(f"Cannot load model {path!r} to check --kv-scheme against it: {error}") from None
-    return model
+        return load(path, tokenizer_config={"trust_remote_code": trust_remote_code}, lazy=lazy,
+                    trust_remote_code=trust_remote_code)
+    except Exception as error:  # mlx-lm and the hub raise many kinds for a bad path or repo id
+        if str(path).startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(str(path))):
+            raise UsageError(f"Model {path!r} not found: no such directory.") from None
+        raise UsageError(f"Cannot load model {path!r}: {error}") from None
 
 
 def check_server(cli_args, active):
@@ -46,4 +49,5 @@ def check_server(cli_args, active):
     trust = getattr(cli_args, "trust_remote_code", False)
     for path in (getattr(cli_args, "model", None), getattr(cli_args, "draft_model", None)):
         if path is not None:
-            check_model(_load_lazily(path, trust), replace(active, model_path=path))
+            model, _ = load_model(path, lazy=True, trust_remote_code=trust)
+            check_model(model, replace(active, model_path=path))

@@ -95,7 +95,7 @@ def test_server_check_names_a_model_it_cannot_load(tmp_path):
     from mlx_lm_turbo.preflight import check_server
 
     args = SimpleNamespace(model=str(tmp_path / "missing"), draft_model=None, trust_remote_code=False)
-    with pytest.raises(UsageError, match="Cannot load model .*missing"):
+    with pytest.raises(UsageError, match="Model .*missing.* not found"):
         check_server(args, settings.Settings(parse_scheme("turbo4")))
 
 
@@ -242,3 +242,181 @@ def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(saved, flag, hold
         assert f"{saved_caches[saved]} {holds}" in err and f"--kv-scheme {flag} does not change it" in err
     else:
         assert "does not change it" not in err
+
+
+# -- scheme names and settings ------------------------------------------------------
+
+@pytest.mark.parametrize("env, args, message", [
+    ({"MLX_LM_TURBO_KV_SCHEME": "turbo5"}, [], "$MLX_LM_TURBO_KV_SCHEME: Unknown KV scheme 'turbo5'"),
+    ({"MLX_LM_TURBO_KV_SCHEME": "turbo4"}, ["--kv-bits", 4],
+     "$MLX_LM_TURBO_KV_SCHEME=turbo4 and --kv-bits both compress the KV cache; use one of them (unset"),
+    ({}, ["--kv-scheme", "turbo5"], "--kv-scheme: Unknown KV scheme 'turbo5'"),
+    ({}, ["--kv-scheme", "turbo4", "--turbo-uncompressed-start", -1], "--turbo-uncompressed-start must be >= 0"),
+    ({}, ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 99999999999999999999],
+     "boundary skip of 99999999999999999999 (--turbo-boundary-skip) is more than the 6 attention layers"),
+])
+def test_settings_errors_name_what_the_user_set(env, args, message, tiny_model, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
+                      "--max-tokens", 1, *args)
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and "Traceback" not in err
+    if env:
+        assert "--kv-scheme:" not in err
+
+
+@pytest.mark.parametrize("args, note", [
+    (["--turbo-boundary-skip", 3], "--turbo-boundary-skip 3 has no effect without --kv-scheme"),
+    (["--kv-scheme", "turbo4", "--turbo-boundary-skip", 3],
+     "KV caches 6 x turbo8; no layer uses turbo4: every attention layer is a boundary layer"),
+])
+def test_settings_that_change_nothing_are_said(args, note, tiny_model, monkeypatch, capsys):
+    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
+                      "--max-tokens", 1, *map(str, args))
+    assert status == 0 and note in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, off", [
+    ("1", True), ("yes", True), ("false ", False), ("FALSE", False), ("no", False), ("off", False),
+    ("0", False), ("", False),
+])
+def test_disable_values(value, off, monkeypatch):
+    import mlx_lm_turbo_autoload
+
+    monkeypatch.setenv("MLX_LM_TURBO_DISABLE", value)
+    assert mlx_lm_turbo_autoload.disabled() is off
+
+
+def test_disabled_plugin_says_why_its_options_and_files_fail(saved_caches, tiny_model):
+    disabled = {"MLX_LM_TURBO_DISABLE": "1"}
+    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
+                 env=disabled, timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments: --kv-scheme turbo4" in result.stderr
+    assert "because MLX_LM_TURBO_DISABLE is set" in result.stderr
+    result = run("mlx_lm.generate", "--prompt-cache-file", saved_caches["turbo4"], "--prompt", "hi",
+                 env=disabled, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "holds TurboQuantKVCache caches, which load only with mlx-lm-turbo on" in result.stderr
+
+
+def test_disable_false_leaves_the_plugin_on():
+    result = run("mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "false"}, timeout=60)
+    assert result.returncode == 0 and "--kv-scheme" in result.stdout
+
+
+# -- the overrides file ---------------------------------------------------------------
+
+LLAMA = '[[override]]\nmodel_type = "llama"\n'
+
+
+@pytest.mark.parametrize("toml, message", [
+    (LLAMA + 'opt_out = "no"\n', "Bad entry 0 in {path}: opt_out = 'no': it must be true or false."),
+    (LLAMA + "boundary_skip = -3\n", "boundary_skip = -3: it must be an integer >= 0"),
+    (LLAMA + 'boundary_skip = "four"\n', "boundary_skip = 'four': it must be an integer >= 0"),
+    (LLAMA + 'schem = "turbo4"\n', "unknown key 'schem' (did you mean 'scheme'?); the keys are model_type, path,"),
+    (LLAMA + 'layer_schemes = { x = "turbo8" }\n', "layer_schemes key 'x': it must be a cache-entry number"),
+    (LLAMA + 'layer_schemes = { 1 = "turbo9" }\n', "layer_schemes 1 = 'turbo9': Unknown KV scheme"),
+    (LLAMA + 'scheme = "none"\n', "use opt_out = true"),
+    ('[[override]]\nscheme = "turbo4"\n', "give exactly one of model_type and path"),
+    ('[overrides]\nmodel_type = "llama"\n', "has key 'overrides': write each override as an [[override]] table"),
+    ('[override]\nmodel_type = "llama"\n', "has a single [override] table"),
+    ("[[override]\n", "Cannot read mlx-lm-turbo overrides file {path}"),
+])
+def test_bad_overrides_file_entries_are_named(toml, message, overrides):
+    from mlx_lm_turbo.errors import OverridesFileError
+    from mlx_lm_turbo.registry import registry
+
+    path = overrides(toml)
+    with pytest.raises(OverridesFileError) as info:
+        registry()
+    assert message.format(path=path) in str(info.value)
+
+
+@pytest.mark.parametrize("toml, message", [
+    (LLAMA + 'layer_schemes = { 99 = "turbo8" }\n',
+     "layer_schemes entry 99 of an override ({path} [override 0]) is beyond model type 'llama', whose caches are entries 0-5"),
+    (LLAMA + "boundary_skip = 7\n", "boundary skip of 7 (an override) is more than the 6 attention layers"),
+])
+def test_overrides_that_do_not_fit_the_model_are_refused(toml, message, overrides, tiny_model):
+    from mlx_lm import load
+
+    from mlx_lm_turbo import plan
+
+    path = overrides(toml)
+    model, _ = load(str(tiny_model("llama")), lazy=True)
+    with pytest.raises(UsageError) as info:
+        plan(model, "turbo4")
+    assert message.format(path=path) in str(info.value)
+
+
+def test_override_on_a_state_layer_is_refused(overrides, tiny_model):
+    from mlx_lm import load
+
+    from mlx_lm_turbo import plan
+
+    overrides('[[override]]\nmodel_type = "qwen3_5"\nlayer_schemes = { 0 = "turbo8" }\n')
+    model, _ = load(str(tiny_model("qwen3_5")), lazy=True)
+    with pytest.raises(UsageError, match="names a recurrent-state entry of model type 'qwen3_5'"):
+        plan(model, "turbo4")
+
+
+def test_doctor_reports_bad_settings_without_a_traceback(overrides, monkeypatch, capsys):
+    from mlx_lm_turbo import doctor
+
+    path = overrides(LLAMA + 'opt_out = "no"\n')
+    monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo5")
+    assert doctor.main([]) == 1
+    out = capsys.readouterr().out
+    assert f"user overrides file: {path} (present, INVALID: Bad entry 0 in {path}: opt_out = 'no'" in out
+    assert "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?" in out
+
+
+# -- our own commands -----------------------------------------------------------------
+
+def exit_status(argv):
+    from mlx_lm_turbo.cli import main
+
+    try:
+        return main(argv) or 0
+    except SystemExit as exit:
+        return exit.code
+
+
+def test_help_lists_the_commands(capsys):
+    assert exit_status(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "bench", "doctor"):
+        assert f"\n  {command} " in out
+    assert exit_status(["foo"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'foo'" in err and "\n  doctor " in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-scheme", "garbage"], "--kv-scheme: Unknown KV scheme 'garbage'"),
+    (["--kv-scheme", "none"], "not 'none'"),
+    (["--turbo-boundary-skip", "-1"], "--turbo-boundary-skip must be >= 0"),
+    (["--model", "/nonexistent"], "Model '/nonexistent' not found"),
+])
+def test_doctor_bad_input_is_a_usage_error(args, message, capsys):
+    assert exit_status(["doctor", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_doctor_refusal_is_reported_not_raised(overrides, tiny_model, capsys):
+    overrides(LLAMA + "opt_out = true\n")
+    assert exit_status(["doctor", "--model", str(tiny_model("llama"))]) == 1
+    assert "refused: TurboQuant is turned off for model type 'llama'" in capsys.readouterr().out
+
+
+def test_doctor_into_a_closed_pipe_stops_quietly():
+    import subprocess
+
+    from test_cli import BIN
+
+    process = subprocess.Popen([str(BIN / "mlx-lm-turbo"), "doctor"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # like `| head -0`: every write finds no reader
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 141 and "Traceback" not in err and "BrokenPipeError" not in err
