@@ -3,8 +3,8 @@
 The server loads its model in its generation thread, and a refusal there (a model
 we do not support, a bad overrides file, a head dim without a codebook) kills that
 thread and leaves a server answering every request with an error. So before
-serving, the model is loaded lazily (no weights are read) and one token is traced
-through the caches the scheme gives it: every check of ours runs, nothing is computed.
+serving, the model is loaded lazily (no weights are read), planned, and one token
+is traced through mlx-lm's own caches to learn each layer's head dims.
 """
 
 import os
@@ -12,22 +12,39 @@ from dataclasses import replace
 
 import mlx.core as mx
 
+from .adapters import mlx_make_prompt_cache
+from .codebooks import check_head_dim
 from .errors import UsageError
-from .prompt_cache import make_prompt_cache
+from .prompt_cache import plan
 from .registry import registry
+
+
+def _head_dims(model):
+    """Per cache entry, (key dim, value dim) or None, from one token traced lazily.
+
+    Through mlx-lm's caches, not ours: our codebooks and rotations are cached
+    process-wide as lazy arrays, and built on this thread the server's generation
+    thread could not evaluate them (MLX streams belong to a thread).
+    """
+    caches = mlx_make_prompt_cache(model)
+    try:
+        model(mx.array([[0]]), cache=caches)  # builds the graph, computes nothing
+    except Exception:
+        return None  # the model's own needs (other inputs, ...) are mlx-lm's to report when it runs
+    return [(c.keys.shape[3], c.values.shape[3]) if getattr(c, "keys", None) is not None else None
+            for c in caches]
 
 
 def check_model(model, active):
     """Raise the UsageError that a first request would meet under ``active``'s settings."""
-    # uncompressed_start stays 0: every layer builds its codec on the traced token.
-    caches = make_prompt_cache(model, active.scheme, boundary_skip=active.boundary_skip,
-                               model_path=active.model_path)
-    try:
-        model(mx.array([[0]]), cache=caches)  # lazy: the graph is built, not evaluated
-    except UsageError:
-        raise
-    except Exception:
-        pass  # the model's own needs (other inputs, ...) are mlx-lm's to report when it runs
+    _, _, layers, _ = plan(model, active.scheme, boundary_skip=active.boundary_skip, model_path=active.model_path)
+    dims = _head_dims(model)
+    for p in layers if dims else ():
+        if p.scheme is not None and dims[p.index] is not None:
+            key_dim, value_dim = dims[p.index]
+            if p.scheme.key_bits:
+                check_head_dim(key_dim)
+            check_head_dim(value_dim)
 
 
 def load_model(path, *, lazy=False, trust_remote_code=False):
