@@ -106,20 +106,10 @@ def check_entry(class_name, state):
     rotating = class_name == "TurboQuantRotatingKVCache"
     meta = _meta(meta_text, {**_CACHE_META, **(_ROTATING_META if rotating else {})}, "metadata")
     scheme = _scheme(meta["scheme"], "metadata")
-    offset = meta["offset"]
-    if meta["codec"] is None:  # still in its uncompressed start: an mlx-lm cache's keys and values
+    if meta["codec"] is None:
         if mean is not None or scale is not None or sink_keys is not None:
             raise _Bad("it has key statistics or sink tokens but no codec")
-        if stored:
-            if len(stored) != 2:
-                raise _Bad(f"its uncompressed start holds {len(stored)} arrays, expected keys and values")
-            _array(stored[0], "the uncompressed-keys array", (None, None, None, None), finite=True)
-            _array(stored[1], "the uncompressed-values array", (*stored[0].shape[:3], None), finite=True)
-            tokens = stored[0].shape[2]
-            if tokens > offset or (tokens != offset and not rotating):
-                raise _Bad(f"its offset is {offset} but it stores {tokens} tokens")
-        elif offset:
-            raise _Bad(f"its offset is {offset} but it stores no tokens")
+        _check_uncompressed(meta, stored, rotating)
         return
     codec = _meta(meta["codec"], _CODEC_META, "codec metadata")
     if _scheme(codec["scheme"], "codec metadata") != scheme:
@@ -132,42 +122,76 @@ def check_entry(class_name, state):
     for name in ("key_dim", "value_dim") if scheme.key_bits else ("value_dim",):
         if codec[name] not in supported_head_dims():
             raise _Bad(f"its codec's {name}={codec[name]} has no codebook")
-    heads, key_dim, value_dim = codec["n_kv_heads"], codec["key_dim"], codec["value_dim"]
-    if heads < 1:
+    if codec["n_kv_heads"] < 1:
         raise _Bad("its codec has no KV heads")
+    tokens = _check_stored(scheme, codec, dtype, stored, meta["offset"])
+    _check_tokens(meta, tokens, rotating)
+    heads, key_dim, value_dim = codec["n_kv_heads"], codec["key_dim"], codec["value_dim"]
+    for a, name in ((mean, "key-mean"), (scale, "key-scale")):
+        if scheme.key_bits and a is not None:
+            _array(a, f"the {name} array", (None, heads, key_dim), mx.float32, finite=True)
+    if sink_keys is not None:
+        _array(sink_keys, "the sink-keys array", (None, heads, None, key_dim), dtype, finite=True)
+        sinks = sink_keys.shape[2]
+        _array(sink_values, "the sink-values array", (sink_keys.shape[0], heads, sinks, value_dim), dtype,
+               finite=True)
+        if sinks > min(meta["sink_tokens"], meta["offset"]):
+            raise _Bad(f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], meta['offset'])}")
 
+
+def _check_uncompressed(meta, stored, rotating):
+    """A cache still in its uncompressed start holds an mlx-lm cache's state: keys, values
+    (buffers with room to grow), offset, and for a ring its keep, size and index."""
+    if not stored:
+        if meta["offset"]:
+            raise _Bad(f"its offset is {meta['offset']} but it stores no tokens")
+        return
+    expected = 6 if rotating else 3
+    if len(stored) != expected:
+        raise _Bad(f"its uncompressed start holds {len(stored)} entries, expected {expected}")
+    _array(stored[0], "the uncompressed-keys array", (None, None, None, None), finite=True)
+    _array(stored[1], "the uncompressed-values array", (*stored[0].shape[:3], None), finite=True)
+    if stored[2] != meta["offset"] or (not rotating and stored[0].shape[2] < meta["offset"]):
+        raise _Bad(f"its offset is {meta['offset']} but its uncompressed start holds {stored[2]} tokens "
+                   f"in a buffer of {stored[0].shape[2]}")
+
+
+def _check_stored(scheme, codec, dtype, stored, offset):
+    """Check the compressed token arrays against the codec; how many tokens they hold."""
+    heads, key_dim, value_dim = codec["n_kv_heads"], codec["key_dim"], codec["value_dim"]
     if scheme.key_bits:
         layout = [("key-codes", packed_words(key_dim, scheme.key_bits), mx.uint32), ("key-norms", 1, mx.float16)]
     else:  # keys kept in the model's dtype
         layout = [("keys", key_dim, dtype)]
     layout += [("value-codes", packed_words(value_dim, scheme.value_bits), mx.uint32),
                ("value-norms", 1, mx.float16)]
-    if len(stored) != len(layout) and not (offset == 0 and not stored):
+    if not stored and offset == 0:
+        return 0
+    if len(stored) != len(layout):
         raise _Bad(f"it stores {len(stored)} token arrays, but {scheme.name} stores {len(layout)} "
                    f"({', '.join(name for name, _, _ in layout)})")
-    tokens = stored[0].shape[2] if stored and isinstance(stored[0], mx.array) and stored[0].ndim == 4 else 0
-    batch = stored[0].shape[0] if tokens else None
+    first = stored[0]
+    tokens = first.shape[2] if isinstance(first, mx.array) and first.ndim == 4 else 0
     for a, (name, width, kind) in zip(stored, layout):
-        _array(a, f"the {name} array", (batch, heads, tokens, width), kind, finite=kind != mx.uint32)
+        _array(a, f"the {name} array", (first.shape[0] if tokens else None, heads, tokens, width), kind,
+               finite=kind != mx.uint32)
+    return tokens
+
+
+def _check_tokens(meta, tokens, rotating):
+    """The stored token count against the offset (and a ring's size and index)."""
+    offset = meta["offset"]
     if rotating:
-        if meta["max_size"] < 1 or meta["keep"] > meta["max_size"] or meta["idx"] > tokens:
-            raise _Bad(f"its ring metadata (max_size {meta['max_size']}, keep {meta['keep']}, "
-                       f"idx {meta['idx']}) does not fit its {tokens} stored tokens")
-        fits = tokens == offset if offset <= meta["max_size"] else meta["max_size"] <= tokens <= offset
+        size, keep, idx = meta["max_size"], meta["keep"], meta["idx"]
+        if size < 1 or keep > size or idx > tokens:
+            raise _Bad(f"its ring metadata (max_size {size}, keep {keep}, idx {idx}) does not fit its "
+                       f"{tokens} stored tokens")
+        # A ring holds every token until it is full, then at least a window's worth.
+        fits = tokens == offset if offset <= size else size <= tokens <= offset
     else:
         fits = tokens == offset
     if not fits:
         raise _Bad(f"its offset is {offset} but it stores {tokens} tokens")
-    if scheme.key_bits and mean is not None:
-        _array(mean, "the key-mean array", (None, heads, key_dim), mx.float32, finite=True)
-    if scheme.key_bits and scale is not None:
-        _array(scale, "the key-scale array", (None, heads, key_dim), mx.float32, finite=True)
-    if sink_keys is not None:
-        _array(sink_keys, "the sink-keys array", (None, heads, None, key_dim), dtype, finite=True)
-        sinks = sink_keys.shape[2]
-        _array(sink_values, "the sink-values array", (sink_keys.shape[0], heads, sinks, value_dim), dtype, finite=True)
-        if sinks > min(meta["sink_tokens"], offset):
-            raise _Bad(f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], offset)}")
 
 
 def check(file_name):

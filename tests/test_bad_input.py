@@ -110,23 +110,27 @@ def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, cap
 
 @pytest.fixture(scope="module")
 def saved_caches(tiny_model, tmp_path_factory):
-    """{'turbo4': path, 'turbo0v4': path, 'none': path} of prompt caches of the tiny llama."""
+    """Name -> path of a saved prompt cache: the tiny llama's turbo4, turbo0v4 and uncompressed
+    caches, one still in its uncompressed start, and gpt_oss's, whose sliding layers are rings."""
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import save_prompt_cache
 
     from mlx_lm_turbo import make_prompt_cache
 
-    model_dir = str(tiny_model("llama"))
-    model, tokenizer = load(model_dir)
     root = tmp_path_factory.mktemp("prompt-caches")
     files = {}
-    for scheme in ("turbo4", "turbo0v4", "none"):
-        cache = make_prompt_cache(model, scheme, boundary_skip=1)
+    for name, arch, scheme, options in [("turbo4", "llama", "turbo4", {}), ("turbo0v4", "llama", "turbo0v4", {}),
+                                        ("none", "llama", "none", {}),
+                                        ("start", "llama", "turbo4", {"uncompressed_start": 500}),
+                                        ("rings", "gpt_oss", "turbo4", {})]:
+        model_dir = str(tiny_model(arch))
+        model, tokenizer = load(model_dir)
+        cache = make_prompt_cache(model, scheme, boundary_skip=1, **options)
         for _ in stream_generate(model, tokenizer, tokenizer.encode("hello there " * 12), max_tokens=1,
                                  prompt_cache=cache):
             pass
-        files[scheme] = root / f"{scheme}.safetensors"
-        save_prompt_cache(str(files[scheme]), cache, {"model": model_dir, "tokenizer_config": "{}"})
+        files[name] = root / f"{name}.safetensors"
+        save_prompt_cache(str(files[name]), cache, {"model": model_dir, "tokenizer_config": "{}"})
     return files
 
 
@@ -173,16 +177,19 @@ def _nan_norms(arrays, meta_of, set_meta):
     arrays["2.8"] = mx.full(arrays["2.8"].shape, float("nan"), dtype=mx.float16)
 
 
-DAMAGE = {
-    "offset larger": (_set(1, offset=500), r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores"),
-    "offset smaller": (_set(1, offset=3), "its offset is 3 but it stores"),
-    "codec key dim": (_set(2, codec_key_dim=64), r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
-    "scheme vs codec": (_set(2, scheme="turbo3"), "codec's scheme turbo4 disagrees with its scheme turbo3"),
-    "scheme vs arrays": (_set(2, scheme="turbo3", codec_scheme="turbo3"), r"expected \(1, 2, \d+, 12\)"),
-    "missing value codes": (lambda arrays, *_: arrays.pop("1.7"), "the value-codes array is missing"),
-    "metadata not JSON": (lambda arrays, meta_of, set_meta: set_meta(0, "{not json"), "its metadata is not JSON"),
-    "NaN norms": (_nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
-    "bad dtype": (_set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
+DAMAGE = {  # case: (saved file, edit, what the message says)
+    "offset larger": ("turbo4", _set(1, offset=500), r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores"),
+    "offset smaller": ("turbo4", _set(1, offset=3), "its offset is 3 but it stores"),
+    "codec key dim": ("turbo4", _set(2, codec_key_dim=64), r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
+    "scheme vs codec": ("turbo4", _set(2, scheme="turbo3"), "codec's scheme turbo4 disagrees with its scheme turbo3"),
+    "scheme vs arrays": ("turbo4", _set(2, scheme="turbo3", codec_scheme="turbo3"), r"expected \(1, 2, \d+, 12\)"),
+    "missing value codes": ("turbo4", lambda arrays, *_: arrays.pop("1.7"), "the value-codes array is missing"),
+    "metadata not JSON": ("turbo4", lambda arrays, meta_of, set_meta: set_meta(0, "{not json"), "its metadata is not JSON"),
+    "NaN norms": ("turbo4", _nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
+    "bad dtype": ("turbo4", _set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
+    "ring index": ("rings", _set(0, idx=10**6), r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit"),
+    "ring offset": ("rings", _set(0, offset=5), "its offset is 5 but it stores"),
+    "uncompressed start offset": ("start", _set(1, offset=5000), "its offset is 5000 but its uncompressed start"),
 }
 
 
@@ -191,8 +198,8 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
     from mlx_lm_turbo.cache_file import check
     from mlx_lm_turbo.errors import PromptCacheFileError
 
-    edit, message = DAMAGE[case]
-    path = damaged(saved_caches["turbo4"], tmp_path / "damaged.safetensors", edit)
+    source, edit, message = DAMAGE[case]
+    path = damaged(saved_caches[source], tmp_path / "damaged.safetensors", edit)
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
     assert str(info.value).startswith(f"Prompt-cache file {path} is damaged: cache ")
