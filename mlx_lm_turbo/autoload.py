@@ -2,9 +2,9 @@
 
 - ``mlx_lm.models.cache``: route ``make_prompt_cache`` through the plugin, and
   have ``load_prompt_cache`` check a file (``cache_file``) and register the turbo
-  cache classes before reading it. The commands import both names from there, so
-  they all get them; with no scheme active ``make_prompt_cache`` is mlx-lm's own,
-  called unchanged.
+  cache classes before reading it (``save_prompt_cache`` adds the checksum it
+  checks). The commands import these names from there, so they all get them;
+  with no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
 
@@ -71,6 +71,16 @@ def load_prompt_cache_with_plugin(original):
     return load_prompt_cache
 
 
+def save_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def save_prompt_cache(file_name, cache, metadata=None):
+        from .cache_file import save_prompt_cache as checksummed_save
+
+        return checksummed_save(original, file_name, cache, metadata)
+
+    return save_prompt_cache
+
+
 def main_with_plugin(original):
     @functools.wraps(original)
     def main(*args, **kwargs):
@@ -108,6 +118,7 @@ def attach(module):
     if name == "mlx_lm.models.cache":
         module.make_prompt_cache = make_prompt_cache_with_plugin(module.make_prompt_cache)
         module.load_prompt_cache = load_prompt_cache_with_plugin(module.load_prompt_cache)
+        module.save_prompt_cache = save_prompt_cache_with_plugin(module.save_prompt_cache)
         return
     if name.rsplit(".", 1)[-1] in COMMANDS and hasattr(module, "main"):
         module.main = main_with_plugin(module.main)

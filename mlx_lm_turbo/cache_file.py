@@ -5,11 +5,14 @@ loader, metadata that disagrees with the arrays fails deep inside a cache, and
 NaN norms or a wrong offset run and produce garbage. Here every TurboQuant cache
 entry is checked against its own metadata (scheme, dims, dtypes, offsets, finite
 values) and a bad file is refused with one message naming it and what is wrong.
+Corrupted codes look like any others, so saving adds a CRC-32 of the TurboQuant
+entries to the file's metadata and loading compares it.
 """
 
 import json
 import os
 import sys
+import zlib
 
 import mlx.core as mx
 from mlx.utils import tree_unflatten
@@ -19,6 +22,7 @@ from .packing import packed_words
 from .schemes import parse_scheme
 
 TURBO_CLASSES = ("TurboQuantKVCache", "TurboQuantRotatingKVCache")
+CHECKSUM_KEY = "mlx_lm_turbo_crc32"  # in the file's metadata (no dots: mlx-lm nests on them)
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 _CACHE_META = {"scheme": str, "seed": int, "layer": int, "uncompressed_start": int, "sink_tokens": int,
                "offset": int}
@@ -32,7 +36,7 @@ class _Bad(Exception):
 
 
 def read(file_name):
-    """(cache class names, per-entry state lists) as mlx-lm's loader decodes them."""
+    """(metadata, cache class names, per-entry state lists) as mlx-lm's loader decodes them."""
     if not os.path.isfile(file_name):
         raise PromptCacheFileError(f"Prompt-cache file {file_name} does not exist.")
     try:
@@ -42,7 +46,7 @@ def read(file_name):
             f"Cannot read prompt-cache file {file_name}: it is not a complete safetensors file "
             f"({error}). Make it again with mlx_lm.cache_prompt.") from None
     try:
-        _, classes, scalars = tree_unflatten(list(metadata.items()))
+        metadata, classes, scalars = tree_unflatten(list(metadata.items()))
         for position, kind in scalars[1:]:  # mlx-lm stores non-array leaves as arrays
             if kind == "string":
                 arrays[position] = "".join(chr(i) for i in arrays[position].tolist())
@@ -57,7 +61,21 @@ def read(file_name):
         raise PromptCacheFileError(
             f"{file_name} is not a prompt-cache file written by mlx-lm ({error}); "
             "make one with mlx_lm.cache_prompt.") from None
-    return classes, states
+    return metadata, classes, states
+
+
+def checksum(classes, states):
+    """CRC-32 of the TurboQuant entries' states (metadata and arrays, in order)."""
+    crc = 0
+    for name, state in zip(classes, states):
+        if name not in TURBO_CLASSES:
+            continue
+        for leaf in state:
+            if isinstance(leaf, mx.array):
+                crc = zlib.crc32(memoryview(mx.contiguous(leaf).view(mx.uint8)), crc)
+            elif isinstance(leaf, str):
+                crc = zlib.crc32(leaf.encode(), crc)
+    return f"{crc:08x}"
 
 
 def _meta(text, fields, what):
@@ -195,8 +213,8 @@ def _check_tokens(meta, tokens, rotating):
 
 
 def check(file_name):
-    """Refuse a file whose TurboQuant entries disagree with their metadata; the class names."""
-    classes, states = read(file_name)
+    """Refuse a file whose TurboQuant entries disagree with their metadata or checksum."""
+    metadata, classes, states = read(file_name)
     for i, (name, state) in enumerate(zip(classes, states)):
         if name in TURBO_CLASSES:
             try:
@@ -205,7 +223,19 @@ def check(file_name):
                 raise PromptCacheFileError(
                     f"Prompt-cache file {file_name} is damaged: cache {i} ({name}): {bad}. "
                     "Make it again with mlx_lm.cache_prompt.") from None
-    return classes
+    saved = metadata.get(CHECKSUM_KEY) if isinstance(metadata, dict) else None
+    if saved is not None and saved != checksum(classes, states):
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} is damaged: its TurboQuant caches do not match the checksum "
+            "saved with them. Make it again with mlx_lm.cache_prompt.")
+
+
+def save_prompt_cache(original, file_name, cache, metadata=None):
+    """mlx-lm's ``save_prompt_cache``, with a checksum of the TurboQuant entries in the metadata."""
+    classes = [type(c).__name__ for c in cache]
+    if any(name in TURBO_CLASSES for name in classes):
+        metadata = {**(metadata or {}), CHECKSUM_KEY: checksum(classes, [c.state for c in cache])}
+    return original(file_name, cache, metadata)
 
 
 def describe(cache):

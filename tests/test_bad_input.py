@@ -171,6 +171,12 @@ def _set(entry, **fields):
     return edit
 
 
+def _random_codes(arrays, meta_of, set_meta):
+    import mlx.core as mx
+
+    arrays["2.5"] = mx.random.randint(0, 2**31, arrays["2.5"].shape, key=mx.random.key(3)).astype(mx.uint32)
+
+
 def _nan_norms(arrays, meta_of, set_meta):
     import mlx.core as mx
 
@@ -187,6 +193,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "metadata not JSON": ("turbo4", lambda arrays, meta_of, set_meta: set_meta(0, "{not json"), "its metadata is not JSON"),
     "NaN norms": ("turbo4", _nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
     "bad dtype": ("turbo4", _set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
+    "random codes": ("turbo4", _random_codes, "do not match the checksum saved with them"),
     "ring index": ("rings", _set(0, idx=10**6), r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit"),
     "ring offset": ("rings", _set(0, offset=5), "its offset is 5 but it stores"),
     "uncompressed start offset": ("start", _set(1, offset=5000), "its offset is 5000 but its uncompressed start"),
@@ -202,15 +209,22 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
     path = damaged(saved_caches[source], tmp_path / "damaged.safetensors", edit)
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
-    assert str(info.value).startswith(f"Prompt-cache file {path} is damaged: cache ")
+    assert str(info.value).startswith(f"Prompt-cache file {path} is damaged: ")
     assert re.search(message, str(info.value))
 
 
-def test_good_prompt_cache_files_pass(saved_caches):
-    from mlx_lm_turbo.cache_file import check
+def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
+    import mlx.core as mx
+
+    from mlx_lm_turbo.cache_file import CHECKSUM_KEY, check
 
     for path in saved_caches.values():
         check(path)
+    # a file saved without the checksum (by plain mlx-lm code) is checked for the rest
+    arrays, metadata = mx.load(str(saved_caches["turbo4"]), return_metadata=True)
+    assert metadata.pop(f"0.{CHECKSUM_KEY}")
+    mx.save_safetensors(str(tmp_path / "plain.safetensors"), arrays, metadata)
+    check(tmp_path / "plain.safetensors")
 
 
 def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
