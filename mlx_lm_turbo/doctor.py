@@ -57,15 +57,11 @@ def _report_settings():
             state, ok = f"INVALID: {error}", False
         print(f"{ENV_SCHEME}: {state}")
     overrides = user_overrides_file()
-    if overrides.exists():
-        try:
-            registry.cache_clear()
-            registry()
-            state = "present, valid"
-        except OverridesFileError as error:
-            state, ok = f"present, INVALID: {error}", False
-    else:
-        state = "absent"
+    try:
+        registry()
+        state = "present, valid" if overrides.exists() else "absent"
+    except OverridesFileError as error:
+        state, ok = f"INVALID: {error}", False
     print(f"user overrides file: {overrides} ({state})")
     return ok
 

@@ -74,9 +74,12 @@ class OverrideRegistry:
         return merged
 
 
+OVERRIDES_ENV = "MLX_LM_TURBO_OVERRIDES"
+
+
 def user_overrides_file() -> Path:
-    if os.environ.get("MLX_LM_TURBO_OVERRIDES"):
-        return Path(os.environ["MLX_LM_TURBO_OVERRIDES"])
+    if os.environ.get(OVERRIDES_ENV):
+        return Path(os.environ[OVERRIDES_ENV])
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "mlx-lm-turbo" / "overrides.toml"
 
@@ -158,7 +161,7 @@ def registry() -> OverrideRegistry:
     for _ in _call_each("mlx_lm_turbo_register_overrides", registry=reg):
         pass
     path = user_overrides_file()
-    if path.exists():
+    if path.exists() or os.environ.get(OVERRIDES_ENV):  # a file named explicitly must exist
         _load_toml(reg, path)
     return reg
 

@@ -52,7 +52,9 @@ def overrides(tmp_path, monkeypatch):
     registry.cache_clear()
 
     def write(text):
-        path.write_text(text)
+        """Write the file (None: leave it missing) and have the plugin read it afresh."""
+        if text is not None:
+            path.write_text(text)
         registry.cache_clear()
         return path
 
@@ -343,6 +345,7 @@ LLAMA = '[[override]]\nmodel_type = "llama"\n'
     ('[overrides]\nmodel_type = "llama"\n', "has key 'overrides': write each override as an [[override]] table"),
     ('[override]\nmodel_type = "llama"\n', "has a single [override] table"),
     ("[[override]\n", "Cannot read mlx-lm-turbo overrides file {path}"),
+    (None, "Cannot read mlx-lm-turbo overrides file {path}: [Errno 2] No such file"),
 ])
 def test_bad_overrides_file_entries_are_named(toml, message, overrides):
     from mlx_lm_turbo.errors import OverridesFileError
@@ -389,7 +392,7 @@ def test_doctor_reports_bad_settings_without_a_traceback(overrides, monkeypatch,
     monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo5")
     assert doctor.main([]) == 1
     out = capsys.readouterr().out
-    assert f"user overrides file: {path} (present, INVALID: Bad entry 0 in {path}: opt_out = 'no'" in out
+    assert f"user overrides file: {path} (INVALID: Bad entry 0 in {path}: opt_out = 'no'" in out
     assert "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?" in out
 
 
