@@ -8,10 +8,14 @@ dominate. Prints time per step, its ratio to fp16
 and peak memory above the caches, side by side in one run.
 
     python benchmarks/decode_attention.py [--contexts 1024 4096] [--layers 8]
-        [--schemes turbo4 turbo3 turbo4v2] [--steps 8]
+        [--schemes turbo4 turbo3 turbo4v2 turbo4:off] [--steps 8]
+
+A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
+the portable path where the fused kernel would run).
 """
 
 import argparse
+import os
 import time
 
 import mlx.core as mx
@@ -20,6 +24,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.integration import install_attention_dispatch
+from mlx_lm_turbo.kernels import KERNEL_ENV
 
 
 def filled_caches(make, layers, context, kv_heads, head_dim):
@@ -72,7 +77,9 @@ def main():
     for context in args.contexts:
         fp16_seconds = None
         for name in ["fp16", *args.schemes]:
-            make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
+            scheme, _, mode = name.partition(":")
+            os.environ[KERNEL_ENV] = mode or "auto"
+            make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
             caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
             seconds, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
             fp16_seconds = fp16_seconds or seconds

@@ -11,6 +11,7 @@ from typing import Optional, Union
 import mlx.core as mx
 
 from .cache import TurboKV
+from .kernels import fused_decode_attention
 
 
 def _causal_mask(n_queries, n_keys):
@@ -36,6 +37,9 @@ def turbo_scaled_dot_product_attention(
     mask: Union[None, str, mx.array],
     sinks: Optional[mx.array] = None,
 ) -> mx.array:
+    fused = fused_decode_attention(queries, kv, scale, mask, sinks)
+    if fused is not None:
+        return fused
     codec = kv.codec
     keys, values = kv.keys_and_values()
     if sinks is not None:

@@ -12,6 +12,7 @@ its affine quantized attention and replace a cache that has the second.
 """
 
 import json
+from functools import lru_cache
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
@@ -64,6 +65,12 @@ class TurboKV:
                 keys[..., -n:, :] = self.new_keys
             values[..., -n:, :] = self.new_values
         return keys, values
+
+
+@lru_cache(maxsize=None)
+def _leading_positions(n):
+    """Positions of a sequence's first n tokens, (1, 1, n, 1): made once, not per step."""
+    return mx.arange(n)[None, None, :, None]
 
 
 def _install_attention_dispatch():
@@ -164,7 +171,7 @@ class _TurboCache:
     def _view(self, stored, exact_keys=None, exact_values=None):
         sinks = None
         if self.sinks is not None:  # one sequence: its first tokens lead the cache
-            sinks = (*self.sinks, mx.arange(self.sinks[0].shape[2])[None, None, :, None])
+            sinks = (*self.sinks, _leading_positions(self.sinks[0].shape[2]))
         return TurboKV(self.codec, stored, exact_keys, exact_values, sinks)
 
     def compress_now(self):

@@ -1,0 +1,83 @@
+"""The fused decode kernel's launch shape, measured on 8 chained layers (32 query /
+8 KV heads, head_dim 128): for each warps-per-block and target block count, ms per
+full decode step (cache update + attention) and ms of attention alone (the same
+8 layers attending to fixed caches), fp16 in the same run.
+
+    python benchmarks/decode_kernel_sweep.py [--contexts 32768 131072]
+        [--warps 4 8] [--targets 512 1024 4096]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import decode_steps, filled_caches  # noqa: E402
+
+from mlx_lm_turbo import TurboQuantKVCache  # noqa: E402
+from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention  # noqa: E402
+from mlx_lm_turbo.integration import install_attention_dispatch  # noqa: E402
+from mlx_lm_turbo.kernels import decode_attention  # noqa: E402
+
+SHAPE = dict(q_heads=32, kv_heads=8, head_dim=128)
+
+
+def attention_alone(caches, steps, turbo):
+    """Seconds per step of 8 chained layers attending to caches that do not grow."""
+    token = mx.random.normal((1, SHAPE["kv_heads"], 1, SHAPE["head_dim"])).astype(mx.float16)
+    query = mx.random.normal((1, SHAPE["q_heads"], 1, SHAPE["head_dim"])).astype(mx.float16)
+    fixed = [c.update_and_fetch(token, token) for c in caches]
+    scale = SHAPE["head_dim"] ** -0.5
+
+    def step():
+        x = query
+        for keys, values in fixed:
+            if turbo:
+                x = turbo_scaled_dot_product_attention(x, keys, scale, None)
+            else:
+                x = mx.fast.scaled_dot_product_attention(x, keys, values, scale=scale)
+        mx.eval(x)
+
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--targets", type=int, nargs="+", default=[512, 1024, 4096])
+    parser.add_argument("--scheme", default="turbo4")
+    parser.add_argument("--steps", type=int, default=16)
+    args = parser.parse_args()
+    install_attention_dispatch()
+    print(f"{mx.default_device()}, 8 layers, {SHAPE}")
+    print("| context | cache | warps | target blocks | step ms | vs fp16 | attention ms | vs fp16 |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    make_turbo = lambda: TurboQuantKVCache(args.scheme)  # noqa: E731
+    fill = lambda make: filled_caches(make, 8, context, SHAPE["kv_heads"], SHAPE["head_dim"])  # noqa: E731
+    for context in args.contexts:
+        fp16_step, _ = decode_steps(fill(KVCache), args.steps, **SHAPE)
+        fp16_attention = attention_alone(fill(KVCache), args.steps, turbo=False)
+        print(f"| {context} | fp16 | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
+              f"{fp16_attention * 1e3:.2f} | 1.00x |", flush=True)
+        for warps in args.warps:
+            for target in args.targets:
+                decode_attention.WARPS, decode_attention.TARGET_BLOCKS = warps, target
+                decode_attention.MIN_SLICE_TOKENS = 32 * warps
+                step, _ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
+                attention = attention_alone(fill(make_turbo), args.steps, turbo=True)
+                print(f"| {context} | {args.scheme} | {warps} | {target} | {step * 1e3:.2f} | "
+                      f"{fp16_step / step:.2f}x | {attention * 1e3:.2f} | "
+                      f"{fp16_attention / attention:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+// Helpers shared by the kernels (decode_attention_*.cu, encode.cu).
+// Included through mx.fast.cuda_kernel's `header`, inside no namespace.
+
+namespace turbo {
+
+constexpr unsigned FULL_MASK = 0xffffffffu;
+constexpr float LOG2E = 1.4426950408889634f;
+
+// A compile-time flag as a value, to pick a generic lambda's variant.
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(bool x) { return x ? 1.0f : 0.0f; }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+  return x;
+}
+
+// exp2 that maps -inf (a masked score, or an empty running max) to 0.
+__device__ __forceinline__ float exp2_or_zero(float x) { return x == -INFINITY ? 0.0f : exp2f(x); }
+
+// The BITS words of one 32-code group of a packed vector, vectorised where aligned.
+template <int BITS, bool VEC>
+__device__ __forceinline__ void load_group(const uint32_t* p, uint32_t (&w)[BITS]) {
+  if constexpr (VEC && BITS % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < BITS; i += 4) {
+      uint4 v = *reinterpret_cast<const uint4*>(p + i);
+      w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
+    }
+  } else if constexpr (VEC && BITS == 2) {
+    uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) w[i] = p[i];
+  }
+}
+
+// Code j (0..31) of a group: bits [j * BITS, (j + 1) * BITS) of the group's bit stream.
+// j is a compile-time constant after unrolling, so this is one or two shifts and a mask.
+template <int BITS>
+__device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[BITS], int j) {
+  const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
+  uint32_t v = w[word] >> shift;
+  if (shift + BITS > 32) v |= w[word + 1] << (32 - shift);
+  return v & ((1u << BITS) - 1u);
+}
+
+// In-place unnormalised Walsh-Hadamard transform (Sylvester order, as
+// mx.hadamard_transform) of `rows` vectors of length D in shared memory.
+template <int D>
+__device__ __forceinline__ void hadamard_rows(float* x, int rows) {
+  for (int h = 1; h < D; h <<= 1) {
+    for (int p = threadIdx.x; p < rows * (D / 2); p += blockDim.x) {
+      const int r = p / (D / 2), k = p % (D / 2);
+      const int i = r * D + (k / h) * 2 * h + (k % h);
+      const float a = x[i], b = x[i + h];
+      x[i] = a + b;
+      x[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace turbo

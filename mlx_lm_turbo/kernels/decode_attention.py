@@ -1,0 +1,181 @@
+"""Fused decode attention over TurboQuant-packed caches (MLX-CUDA).
+
+Computes what ``attention.turbo_scaled_dot_product_attention`` computes from the
+same ``TurboKV`` (that portable path is the reference it is tested against), for
+queries of 1 to ``MAX_QUERIES`` tokens, without materialising dequantized K/V:
+
+- ``decode_attention_split.cu``: one block per (slice of the cached tokens, KV
+  head, group of query rows). It rotates the query rows once, reads each token's
+  packed codes and fp16 norms, decodes them against the codebook in shared memory
+  and keeps an online softmax per row; the exact tokens (sink tokens, the current
+  chunk) form one more slice, read from their fp16 copies. Each slice writes its
+  unnormalised output rows and their (max, sum).
+- ``decode_attention_combine.cu``: one block per output row merges the slices
+  (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the row back out of
+  the value rotation and casts it.
+
+Two launches a layer: on MLX-CUDA each small op of a chained decode step costs
+tens of microseconds (see benchmarks/results for what this measured).
+"""
+
+import math
+from functools import lru_cache
+
+import mlx.core as mx
+
+from ..codebooks import codebook
+from ..rotation import rotation
+from .dispatch import placeholder, source, use_kernel
+
+MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
+WARPS = 4
+# Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.
+MAX_ROW_VALUES = 1024
+# Slicing: at least a tile per warp in each slice, and about this many blocks in all,
+# enough to fill the GPU without making the combine long.
+MIN_SLICE_TOKENS = 32 * WARPS
+TARGET_BLOCKS = 1024
+COMBINE_THREADS = 1024
+
+
+def _call_support(queries, kv, mask):
+    """Why this call goes to the portable path although the layer is served; None if not."""
+    if queries.shape[2] > MAX_QUERIES:
+        return "prefill"
+    if kv.stored is None:
+        return "no compressed history yet"
+    if queries.dtype != kv.codec.dtype:
+        return "queries and cache differ in dtype"
+    if kv.sinks is not None and kv.new_keys is None:
+        return "sink tokens without an exact chunk"
+    if isinstance(mask, str) and mask != "causal":
+        return f"mask {mask!r}"
+    if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
+        return "a mask that does not span the cache"
+    return None
+
+
+def fused_decode_attention(queries, kv, scale, mask, sinks=None):
+    """The fused kernel's output for this call, or None where the portable path runs."""
+    if not use_kernel(kv.codec) or _call_support(queries, kv, mask) is not None:
+        return None
+    return _cuda_decode_attention(queries, kv, scale, mask, sinks)
+
+
+SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
+                "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos",
+                "tail_keys", "tail_values", "mask", "scale")
+
+
+@lru_cache(maxsize=None)
+def _kernels():
+    header = source("common.cuh")
+    split = mx.fast.cuda_kernel(
+        name="turbo_decode_split", input_names=list(SPLIT_INPUTS),
+        output_names=["parts", "stats"], source=source("decode_attention_split.cu"),
+        header=header, ensure_row_contiguous=False,
+    )
+    combine = mx.fast.cuda_kernel(
+        name="turbo_decode_combine",
+        input_names=["parts", "stats", "v_signs", "sink_logits"],
+        output_names=["out"], source=source("decode_attention_combine.cu"), header=header,
+    )
+    return split, combine
+
+
+def _slices(n_tokens, blocks_per_slice):
+    """How many slices to cut a cache of n_tokens into (the kernel sizes them alike)."""
+    return max(1, min(math.ceil(n_tokens / MIN_SLICE_TOKENS),
+                      math.ceil(TARGET_BLOCKS / blocks_per_slice)))
+
+
+def _rows(a, B):
+    """``a`` with B rows on axis 0: a view where it has one row shared by all."""
+    return a if a.shape[0] == B else mx.broadcast_to(a, (B, *a.shape[1:]))
+
+
+@lru_cache(maxsize=None)
+def _scalar(value):
+    """A float32 scalar input, made once per value (an upload per call costs time)."""
+    return mx.array([value], mx.float32)
+
+
+def _mask_input(mask, shape):
+    """(mask kind, the mask broadcast to (B, Hq, L, T) as a view, or a placeholder)."""
+    if mask is None or (isinstance(mask, str) and shape[2] == 1):
+        return 0, placeholder(mx.bool_)
+    if isinstance(mask, str):
+        return 1, placeholder(mx.bool_)
+    mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    return 2, mx.broadcast_to(mask, shape)
+
+
+def _cuda_decode_attention(queries, kv, scale, mask, sinks):
+    codec = kv.codec
+    B, n_q_heads, L, D = queries.shape
+    H = codec.n_kv_heads
+    G = n_q_heads // H
+    dtype = queries.dtype
+    if codec.scheme.key_bits:
+        key_codes, key_norms, value_codes, value_norms = kv.stored
+        k_levels = codebook(D, codec.scheme.key_bits)
+        k_signs = rotation(D, codec.seed, codec.layer).signs
+    else:
+        key_codes, value_codes, value_norms = kv.stored
+        key_norms, k_levels, k_signs = placeholder(mx.float16), placeholder(mx.float32), placeholder(mx.float32)
+    n_tokens = value_codes.shape[2]
+
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    tail_keys, tail_values = (kv.new_keys, kv.new_values) if n_exact else (placeholder(dtype),) * 2
+    n_sinks = 0
+    sink_keys, sink_values, sink_pos = placeholder(dtype), placeholder(dtype), placeholder(mx.int32)
+    if kv.sinks is not None:
+        keys, values, positions = kv.sinks
+        n_sinks = keys.shape[2]
+        sink_keys, sink_values, sink_pos = (_rows(a, B) for a in (keys, values, positions))
+    kscale = placeholder(mx.float32)
+    if codec.key_scale is not None:
+        kscale = _rows(codec.key_scale, B)
+    mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
+
+    rows = min(G * L, MAX_ROW_VALUES // D)
+    row_groups = math.ceil(G * L / rows)
+    n_slices = _slices(n_tokens, B * H * row_groups)
+    has_exact = n_exact + n_sinks > 0
+    n_parts = n_slices + has_exact
+    window = getattr(kv, "window", None) or 0
+
+    split, combine = _kernels()
+    parts, stats = split(
+        inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
+                k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
+                tail_keys, tail_values, mask_arg, _scalar(scale)],
+        template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
+                  ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
+                  ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
+                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
+                  ("HAS_SINK_TOKENS", n_sinks > 0), ("WINDOW", window)],
+        grid=(n_parts * 32 * WARPS, B * H * row_groups, 1),
+        threadgroup=(32 * WARPS, 1, 1),
+        output_shapes=[(B * H * row_groups, n_parts, rows, D), (B * H * row_groups, n_parts, rows, 2)],
+        output_dtypes=[mx.float32, mx.float32],
+    )
+
+    sink_logits = placeholder(mx.float32)
+    if sinks is not None:
+        logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
+        shift = codec.score_shift(queries, scale)
+        if shift is not None:  # centring moved every score by it; move the sink instead
+            logits = logits - shift[..., 0]
+        sink_logits = logits * math.log2(math.e)
+    groups = max(1, COMBINE_THREADS // D)
+    (out,) = combine(
+        inputs=[parts, stats, rotation(D, codec.seed, codec.layer).signs, sink_logits],
+        template=[("T", dtype), ("D", D), ("G", G), ("L", L), ("R", rows), ("CG", groups),
+                  ("HQ", n_q_heads), ("HAS_SINKS", sinks is not None)],
+        grid=(D * groups, B * n_q_heads * L, 1),
+        threadgroup=(D * groups, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[dtype],
+    )
+    return out

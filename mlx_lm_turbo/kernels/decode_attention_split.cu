@@ -1,0 +1,288 @@
+// One block: one slice of one sequence's tokens (or its exact tokens), one KV head,
+// R query rows of its GQA group. Writes the slice's unnormalised output rows and
+// their (max, sum) in log2 units; decode_attention_combine.cu merges the slices.
+// Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW,
+// MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_TAIL (an exact
+// chunk), HAS_SINK_TOKENS, WINDOW (TurboKV.window, 0 for none).
+using namespace turbo;
+constexpr int DPL = D / 32;  // dims per lane when accumulating values
+constexpr int THREADS = NW * 32;
+constexpr int ROWS = G * L;  // query rows per KV head
+constexpr int NRG = (ROWS + R - 1) / R;
+constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
+
+// Sizes come with the arrays, so no per-call scalars need uploading.
+constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
+const int n_tokens = value_norms_shape[2];
+const int n_splits = gridDim.x - (HAS_EXACT ? 1 : 0);
+const int split_len = ((n_tokens + n_splits - 1) / n_splits + 31) / 32 * 32;
+const int n_exact = HAS_TAIL ? tail_keys_shape[2] : 0;
+const int n_sinks = HAS_SINK_TOKENS ? sink_pos_shape[2] : 0;
+const int n_kv_heads = value_norms_shape[1];
+const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
+const int b = blockIdx.y / (NRG * n_kv_heads);
+const int split = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+const int first_query = n_tokens - L;  // position of query row i is first_query + i
+
+__shared__ float q_rows[R * D];  // [r][d] while being rotated
+__shared__ float q_t[D * R];     // [d][r]: the rows of one dim in one broadcast read
+__shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
+__shared__ float v_levels[1 << VB];
+__shared__ float weights[NW][32][R];  // a tile's softmax weights times the value norms
+__shared__ float warp_m[NW][R], warp_l[NW][R];
+// Each warp stages a tile's value codes here (one global round trip per tile, not
+// per token); once every tile is done the same memory merges the warps' outputs.
+constexpr int VW = D * VB / 32;
+constexpr int STAGE_WORDS = NW * 32 * VW, ACC_FLOATS = NW * R * D;
+__shared__ uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
+uint32_t* v_stage = scratch + warp * 32 * VW;
+auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
+
+// -- the query rows: key calibration scale, rotation, softmax scale, log2(e)
+for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
+  const int r = idx / D, d = idx % D, row = rg * R + r;
+  float x = 0.0f;
+  if (row < ROWS) {
+    const int hq = h * G + row / L, i = row % L;
+    x = to_float(q[b * q_strides[0] + hq * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
+    if constexpr (HAS_KSCALE) {
+      x *= kscale[b * kscale_strides[0] + h * kscale_strides[1] + d * kscale_strides[2]];
+    }
+    if constexpr (KB > 0) x *= k_signs[d];
+  }
+  q_rows[idx] = x;
+}
+if constexpr (KB > 0) {
+  for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
+}
+for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
+__syncthreads();
+if constexpr (KB > 0) hadamard_rows<D>(q_rows, R);
+const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
+for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
+  q_t[(idx % D) * R + idx / D] = q_rows[idx] * q_scale;
+}
+__syncthreads();
+
+const int64_t sink_base = b * sink_pos_strides[0];
+auto tail_exact = [&](int t, int i) {
+  return t >= n_tokens - n_exact && (WINDOW <= 0 || t > first_query + i - WINDOW);
+};
+auto sink_position = [&](int s) { return int(sink_pos[sink_base + s * sink_pos_strides[2]]); };
+auto is_sink = [&](int t) {
+  for (int s = 0; s < n_sinks; ++s) {
+    if (sink_position(s) == t) return true;
+  }
+  return false;
+};
+// The mask's additive term for key t and row r, log2 units (-inf: masked).
+auto mask_term = [&](int t, int r) -> float {
+  const int row = rg * R + r, i = row % L;
+  if constexpr (MASK_KIND == 1) {
+    return t <= first_query + i ? 0.0f : -INFINITY;
+  } else if constexpr (MASK_KIND == 2) {
+    const int hq = h * G + row / L;
+    const auto m = mask[b * mask_strides[0] + hq * mask_strides[1] + i * mask_strides[2] +
+                        int64_t(t) * mask_strides[3]];
+    if constexpr (MASK_BOOL) {
+      return m ? 0.0f : -INFINITY;
+    } else {
+      return to_float(m) * LOG2E;
+    }
+  } else {
+    return 0.0f;
+  }
+};
+// Where an exact item (sink slot s < n_sinks, else tail token) sits, and its rows.
+auto exact_token = [&](int item) {
+  return item < n_sinks ? sink_position(item) : n_tokens - n_exact + (item - n_sinks);
+};
+auto exact_row = [&](int item, auto* sink_arr, const auto& sink_strides, auto* tail_arr,
+                     const auto& tail_strides) {
+  return item < n_sinks
+             ? sink_arr + b * sink_strides[0] + h * sink_strides[1] + item * sink_strides[2]
+             : tail_arr + b * tail_strides[0] + h * tail_strides[1] +
+                   (item - n_sinks) * tail_strides[2];
+};
+
+const uint32_t* k_codes = reinterpret_cast<const uint32_t*>(key_codes);
+const T* k_exact = reinterpret_cast<const T*>(key_codes);  // turbo0vN: keys as the model made them
+const __half* k_norms = reinterpret_cast<const __half*>(key_norms);
+const int64_t k_base = b * key_codes_strides[0] + h * key_codes_strides[1];
+// 16-byte loads of code groups where every row starts 16-byte aligned (not in the
+// batch sliding-window cache, whose rows carry an extra word of norms).
+const bool aligned = (key_codes_strides[0] | key_codes_strides[1] | key_codes_strides[2]) % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(key_codes) % 16 == 0;
+const int64_t kn_base = b * key_norms_strides[0] + h * key_norms_strides[1];
+const int64_t v_base = b * value_codes_strides[0] + h * value_codes_strides[1];
+const int64_t vn_base = b * value_norms_strides[0] + h * value_norms_strides[1];
+
+float m[R], l_lane[R], acc[R][DPL];
+#pragma unroll
+for (int r = 0; r < R; ++r) {
+  m[r] = -INFINITY;
+  l_lane[r] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) acc[r][k] = 0.0f;
+}
+
+// One tile: up to 32 items (tokens, or exact items), one per lane for the scores,
+// then token by token for the values, each lane holding DPL dims of every row.
+auto attend_tile = [&](auto exact_tag, int first, int end) {
+  constexpr bool EXACT = decltype(exact_tag)::value;
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = -INFINITY;
+  float value_norm = 0.0f;
+  const int item = first + lane;
+  const int n_items = min(32, end - first);
+  if constexpr (!EXACT) {
+    for (int idx = lane; idx < n_items * VW; idx += 32) {
+      v_stage[idx] = value_codes[v_base + int64_t(first + idx / VW) * value_codes_strides[2] + idx % VW];
+    }
+  }
+  if (item < end) {
+    float dot[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) dot[r] = 0.0f;
+    int t = item;
+    if constexpr (EXACT || KB == 0) {
+      const T* row;
+      if constexpr (EXACT) {
+        t = exact_token(item);
+        row = exact_row(item, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides);
+      } else {
+        row = k_exact + k_base + int64_t(t) * key_codes_strides[2];
+      }
+#pragma unroll 8
+      for (int d = 0; d < D; ++d) {
+        const float k = to_float(row[d]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) dot[r] += q_t[d * R + r] * k;
+      }
+      value_norm = EXACT ? 1.0f : to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
+    } else {
+      const uint32_t* row = k_codes + k_base + int64_t(t) * key_codes_strides[2];
+#pragma unroll
+      for (int grp = 0; grp < D / 32; ++grp) {
+        uint32_t w[KBW];
+        if (aligned) {
+          load_group<KBW, true>(row + grp * KBW, w);
+        } else {
+          load_group<KBW, false>(row + grp * KBW, w);
+        }
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float level = k_levels[group_code<KBW>(w, j)];
+          const float* qd = q_t + (grp * 32 + j) * R;
+#pragma unroll
+          for (int r = 0; r < R; ++r) dot[r] += qd[r] * level;
+        }
+      }
+      const float k_norm = to_float(k_norms[kn_base + int64_t(t) * key_norms_strides[2]]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) dot[r] *= k_norm;
+      value_norm = to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
+    }
+    // Exact items are the sinks and the tail (the tail wins where both hold a token);
+    // the compressed slices take every other (token, row).
+    const bool sink = EXACT ? item < n_sinks : is_sink(t);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = rg * R + r;
+      if (row >= ROWS) continue;
+      const bool exact_here = tail_exact(t, row % L);
+      const bool take = EXACT ? (sink ? !exact_here : exact_here) : !(sink || exact_here);
+      if (take) s[r] = dot[r] + mask_term(t, r);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float m_new = fmaxf(m[r], warp_max(s[r]));
+    float alpha = 1.0f, p = 0.0f;
+    if (m_new != -INFINITY) {
+      alpha = exp2_or_zero(m[r] - m_new);
+      p = exp2_or_zero(s[r] - m_new);
+    }
+    l_lane[r] = l_lane[r] * alpha + p;
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) acc[r][k] *= alpha;
+    m[r] = m_new;
+    weights[warp][lane][r] = p * value_norm;
+  }
+  __syncwarp();
+#pragma unroll 4
+  for (int jj = 0; jj < n_items; ++jj) {
+    float v[DPL];
+    if constexpr (EXACT) {
+      const T* row = exact_row(first + jj, sink_values, sink_values_strides, tail_values,
+                               tail_values_strides);
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
+    } else {
+      constexpr int LANE_BITS = DPL * VB;
+      const uint32_t* row = v_stage + jj * VW;
+      const int bit = lane * LANE_BITS, word = bit >> 5, shift = bit & 31;
+      uint64_t window_bits = row[word];
+      if (shift + LANE_BITS > 32) window_bits |= uint64_t(row[word + 1]) << 32;
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) {
+        v[k] = v_levels[uint32_t(window_bits >> (shift + k * VB)) & ((1u << VB) - 1u)];
+      }
+    }
+    const float* wj = weights[warp][jj];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) acc[r][k] += wj[r] * v[k];
+    }
+  }
+  __syncwarp();
+};
+
+if (HAS_EXACT && split == n_splits) {
+  const int n_items = n_sinks + n_exact;
+  for (int first = warp * 32; first < n_items; first += THREADS) {
+    attend_tile(Flag<true>{}, first, n_items);
+  }
+} else {
+  const int start = split * split_len, end = min(n_tokens, start + split_len);
+  for (int first = start + warp * 32; first < end; first += THREADS) {
+    attend_tile(Flag<false>{}, first, end);
+  }
+}
+
+// -- merge the warps; one partial output per (row, dim), unnormalised
+__syncthreads();  // every warp is done with its staging area, which warp_acc reuses
+#pragma unroll
+for (int r = 0; r < R; ++r) {
+  const float l = warp_sum(l_lane[r]);
+  if (lane == 0) {
+    warp_m[warp][r] = m[r];
+    warp_l[warp][r] = l;
+  }
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) warp_acc[warp][r][lane * DPL + k] = acc[r][k];
+}
+__syncthreads();
+const int64_t part = int64_t(blockIdx.y) * gridDim.x + split;
+for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
+  const int r = idx / D, d = idx % D;
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) M = fmaxf(M, warp_m[w][r]);
+  float o = 0.0f, l = 0.0f;
+  if (M != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp2_or_zero(warp_m[w][r] - M);
+      o += f * warp_acc[w][r][d];
+      l += f * warp_l[w][r];
+    }
+  }
+  parts[(part * R + r) * D + d] = o;
+  if (d == 0) {
+    stats[(part * R + r) * 2] = M;
+    stats[(part * R + r) * 2 + 1] = l;
+  }
+}

@@ -1,0 +1,78 @@
+"""Which path runs: the fused kernels or the portable MLX code they are verified against.
+
+``MLX_LM_TURBO_KERNEL``: ``auto`` (default) uses a kernel wherever it applies,
+``off`` forces the portable path, ``on`` makes a kernel that cannot run an error.
+"""
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import mlx.core as mx
+
+KERNEL_ENV = "MLX_LM_TURBO_KERNEL"
+KERNEL_MODES = ("auto", "on", "off")
+HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified for
+
+
+class KernelUnavailableError(RuntimeError):
+    """``MLX_LM_TURBO_KERNEL=on`` where a fused kernel cannot run."""
+
+
+def kernel_mode() -> str:
+    value = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    if value not in KERNEL_MODES:
+        raise ValueError(f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}.")
+    return value
+
+
+def gpu_backend():
+    """'cuda', 'metal' or None: where MLX runs by default."""
+    if mx.default_device() != mx.gpu:
+        return None
+    if mx.cuda.is_available():
+        return "cuda"
+    return "metal" if mx.metal.is_available() else None
+
+
+def layer_support(codec) -> "str | None":
+    """Why the fused kernel cannot serve a layer with this codec here; None if it can."""
+    backend = gpu_backend()
+    if backend is None:
+        return "MLX runs on the CPU here (the kernel is for MLX's CUDA backend)"
+    if backend == "metal":
+        return "the Metal variant of the kernel is not built yet (Apple GPUs use the portable path)"
+    if codec.key_dim != codec.value_dim:
+        return f"key head dim {codec.key_dim} differs from value head dim {codec.value_dim}"
+    if codec.value_dim not in HEAD_DIMS:
+        return (f"head dim {codec.value_dim} (the kernel covers "
+                f"{', '.join(map(str, HEAD_DIMS))})")
+    return None
+
+
+def use_kernel(codec) -> bool:
+    """Whether the fused kernels serve this layer (raises under ``on`` where they cannot)."""
+    mode = kernel_mode()
+    if mode == "off":
+        return False
+    reason = layer_support(codec)
+    if reason is not None and mode == "on":
+        raise KernelUnavailableError(
+            f"{KERNEL_ENV}=on, but the fused kernels cannot run: {reason}. "
+            f"Unset it (or set {KERNEL_ENV}=auto) to use the portable path where needed."
+        )
+    return reason is None
+
+
+_SOURCES = Path(__file__).parent
+
+
+@lru_cache(maxsize=None)
+def source(name):
+    return (_SOURCES / name).read_text()
+
+
+@lru_cache(maxsize=None)
+def placeholder(dtype):
+    """A one-element array standing for an input a variant does not read."""
+    return mx.zeros((1,), dtype)

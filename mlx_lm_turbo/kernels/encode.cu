@@ -1,0 +1,102 @@
+// One warp per (batch, head, token): rotate, quantize and pack a key and a value
+// vector as codec.TurboCodec.encode does, and keep their exact rotated copies.
+// Lane j holds dims [j * DPL, (j + 1) * DPL). Template constants: T, D, KB, VB, NW,
+// CENTER, SCALE (the key calibration's statistics present).
+using namespace turbo;
+constexpr int DPL = D / 32;
+constexpr int KW = KB > 0 ? D * KB / 32 : 1, VW = D * VB / 32;
+const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+const int vector = blockIdx.x * NW + warp;
+const int n_heads = values_shape[1], n_tokens = values_shape[2];
+if (vector >= values_shape[0] * n_heads * n_tokens) return;  // whole warps only
+const int t = vector % n_tokens, h = (vector / n_tokens) % n_heads, b = vector / (n_tokens * n_heads);
+__shared__ uint32_t packed[NW][KW + VW];
+
+// x <- H (signs * x) / sqrt(D): butterflies inside the lane, then across lanes.
+auto rotate = [&](float (&x)[DPL]) {
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
+#pragma unroll
+  for (int s = 1; s < DPL; s <<= 1) {
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      if (!(k & s)) {
+        const float a = x[k], c = x[k + s];
+        x[k] = a + c;
+        x[k + s] = a - c;
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) {
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      const float other = __shfl_xor_sync(FULL_MASK, x[k], s);
+      x[k] = (lane & s) ? other - x[k] : x[k] + other;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] *= rsqrtf(float(D));
+};
+
+// Codes of y / |y| (the number of boundaries below each coordinate, as
+// mx.searchsorted), packed into words[0 .. D * BITS / 32); returns the corrected norm.
+auto quantize = [&](const float (&y)[DPL], auto bits_tag, const float* bounds, const float* levels,
+                    uint32_t* words) {
+  constexpr int BITS = decltype(bits_tag)::value;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) sq += y[k] * y[k];
+  const float norm = sqrtf(warp_sum(sq)), safe_norm = fmaxf(norm, 1e-30f);
+  for (int w = lane; w < D * BITS / 32; w += 32) words[w] = 0u;
+  __syncwarp();
+  float recon_sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) {
+    const float unit = y[k] / safe_norm;
+    int code = 0;
+#pragma unroll
+    for (int step = 1 << (BITS - 1); step > 0; step >>= 1) {
+      if (unit > bounds[code + step - 1]) code += step;
+    }
+    recon_sq += levels[code] * levels[code];
+    const int bit = (lane * DPL + k) * BITS, word = bit >> 5, shift = bit & 31;
+    atomicOr(words + word, uint32_t(code) << shift);
+    if (shift + BITS > 32) atomicOr(words + word + 1, uint32_t(code) >> (32 - shift));
+  }
+  const float recon_norm = sqrtf(warp_sum(recon_sq));
+  __syncwarp();
+  return fminf(norm / fmaxf(recon_norm, 1e-30f), 65504.0f);
+};
+
+const int64_t out_row = int64_t(vector);
+float v[DPL];
+#pragma unroll
+for (int k = 0; k < DPL; ++k) {
+  v[k] = to_float(values[b * values_strides[0] + h * values_strides[1] + t * values_strides[2] +
+                         (lane * DPL + k) * values_strides[3]]);
+}
+rotate(v);
+const float v_norm = quantize(v, Int<VB>{}, v_bounds, v_levels, packed[warp] + KW);
+for (int w = lane; w < VW; w += 32) value_codes[out_row * VW + w] = packed[warp][KW + w];
+if (lane == 0) value_norms[out_row] = __float2half(v_norm);
+#pragma unroll
+for (int k = 0; k < DPL; ++k) exact_values[out_row * D + lane * DPL + k] = from_float<T>(v[k]);
+
+if constexpr (KB > 0) {
+  float x[DPL];
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) {
+    const int d = lane * DPL + k;
+    x[k] = to_float(keys[b * keys_strides[0] + h * keys_strides[1] + t * keys_strides[2] +
+                         d * keys_strides[3]]);
+    if constexpr (CENTER) x[k] -= key_mean[b * key_mean_strides[0] + h * key_mean_strides[1] + d];
+    if constexpr (SCALE) x[k] /= key_scale[b * key_scale_strides[0] + h * key_scale_strides[1] + d];
+  }
+  rotate(x);
+  const float k_norm = quantize(x, Int<KB>{}, k_bounds, k_levels, packed[warp]);
+  for (int w = lane; w < KW; w += 32) key_codes[out_row * KW + w] = packed[warp][w];
+  if (lane == 0) key_norms[out_row] = __float2half(k_norm);
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) exact_keys[out_row * D + lane * DPL + k] = from_float<T>(x[k]);
+}

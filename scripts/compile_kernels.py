@@ -1,0 +1,116 @@
+"""Compile the CUDA kernels' sources offline with nvcc, as mx.fast.cuda_kernel wraps them.
+
+No GPU needed: catches syntax and template errors before device time is spent.
+The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp16 types).
+
+    python scripts/compile_kernels.py [--arch sm_90]
+"""
+
+import argparse
+import itertools
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+KERNELS = Path(__file__).resolve().parents[1] / "mlx_lm_turbo" / "kernels"
+PRELUDE = """
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda/std/array>
+#include <cstdint>
+#include <cooperative_groups.h>
+namespace mlx::core::cu {
+using Shape = cuda::std::array<int32_t, 10>;
+using Strides = cuda::std::array<int64_t, 10>;
+}
+"""
+C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "bool": "bool",
+           "uint32": "uint32_t", "int32": "int32_t"}
+
+
+def wrap(name, body, header, inputs, outputs, template):
+    """The translation unit MLX builds: header, then a __global__ function taking each
+    input (with _shape/_strides where the body names them) and output."""
+    params = []
+    for arg, dtype in inputs:
+        params.append(f"const {C_TYPES[dtype]}* {arg}")
+        for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
+            if arg + suffix in body:
+                params.append(f"const __grid_constant__ {kind} {arg}{suffix}")
+    params += [f"{C_TYPES[dtype]}* {arg}" for arg, dtype in outputs]
+    consts = "".join(
+        f"  using {k} = {C_TYPES[v]};\n" if isinstance(v, str)
+        else f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
+        for k, v in template)
+    return (PRELUDE + header + "namespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
+            f"__global__ void {name}(" + ", ".join(params) + ") {\n" + consts + body + "\n}\n}\n")
+
+
+def split_variants():
+    for dtype, D, (G, L), (KB, VB), mask in itertools.product(
+            ("float16", "bfloat16", "float32"), (64, 128, 256), ((4, 1), (1, 1), (4, 8)),
+            ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4)), (0, 1, 2)):
+        R = min(G * L, 1024 // D)
+        yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
+                      ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
+                      ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
+                      ("HAS_SINK_TOKENS", G == 4), ("WINDOW", 0 if L == 1 else 64)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--every", type=int, default=41, help="compile every n-th split variant")
+    args = parser.parse_args()
+    header = (KERNELS / "common.cuh").read_text()
+    split_body = (KERNELS / "decode_attention_split.cu").read_text()
+    combine_body = (KERNELS / "decode_attention_combine.cu").read_text()
+    from mlx_lm_turbo.kernels.decode_attention import SPLIT_INPUTS
+
+    units = []
+    variants = list(split_variants())
+    for dtype, template in (variants[::args.every]):
+        types = {"q": dtype, "key_codes": "uint32" if dict(template)["KB"] else dtype,
+                 "key_norms": "float16", "value_codes": "uint32", "value_norms": "float16",
+                 "sink_keys": dtype, "sink_values": dtype, "sink_pos": "int32", "tail_keys": dtype,
+                 "tail_values": dtype, "mask": "bool"}
+        inputs = [(n, types.get(n, "float32")) for n in SPLIT_INPUTS]
+        units.append(wrap("split", split_body, header, inputs,
+                          [("parts", "float32"), ("stats", "float32")], template))
+    encode_body = (KERNELS / "encode.cu").read_text()
+    for dtype, D, (KB, VB) in list(itertools.product(("float16", "float32"), (64, 128, 256),
+                                                     ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:
+        units.append(wrap("encode", encode_body, header,
+                          [("keys", dtype), ("values", dtype)] + [(n, "float32") for n in (
+                              "key_mean", "key_scale", "signs", "k_bounds", "k_levels", "v_bounds",
+                              "v_levels")],
+                          [("key_codes", "uint32"), ("key_norms", "float16"), ("value_codes", "uint32"),
+                           ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],
+                          [("T", dtype), ("D", D), ("KB", KB), ("VB", VB), ("NW", 4), ("CENTER", True),
+                           ("SCALE", D == 64)]))
+    for dtype, D, sinks in list(itertools.product(("float16", "bfloat16"), (64, 128, 256), (False, True)))[::args.every // 8 or 1]:
+        units.append(wrap("combine", combine_body, header,
+                          [("parts", "float32"), ("stats", "float32"), ("v_signs", "float32"),
+                           ("sink_logits", "float32")], [("out", dtype)],
+                          [("T", dtype), ("D", D), ("G", 4), ("L", 1), ("R", 4),
+                           ("CG", max(1, 1024 // D)), ("HQ", 32), ("HAS_SINKS", sinks)]))
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, unit in enumerate(units):
+            src = Path(tmp) / f"unit{n}.cu"
+            src.write_text(unit)
+            run = subprocess.run(["nvcc", "-std=c++17", f"-arch={args.arch}", "-c", "-o", "/dev/null",
+                                  "--resource-usage", str(src)], capture_output=True, text=True)
+            usage = re.findall(r"Used \d+ registers.*", run.stderr)
+            if run.returncode:
+                failed += 1
+                print(f"unit {n} FAILED:\n{run.stderr[:4000]}")
+            else:
+                print(f"unit {n} ok {usage[:1]}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

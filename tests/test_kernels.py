@@ -1,0 +1,193 @@
+"""The fused decode-attention kernel against the portable path it replaces.
+
+The GPU cases run where MLX has its CUDA backend (CI has none: they skip there and
+were run on the lent H200, see benchmarks/results). Both paths accumulate in fp32
+but round differently (the portable path rounds the rotated query, the codebook
+levels and the dequantized K/V to the model dtype), so they agree to 2e-3 relative,
+not bit for bit. In bfloat16 (8 significant bits) the portable path's own rounding
+is about 4e-3 relative, so there the bound is 1e-2.
+"""
+
+import mlx.core as mx
+import pytest
+from conftest import outlier_keys, relative_error
+
+from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_decode_attention, fused_encode,
+                                  kernel_mode, layer_support)
+
+ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the fused kernel runs on MLX's CUDA backend")
+TOLERANCE = 2e-3
+BF16_TOLERANCE = 1e-2
+
+
+def filled_cache(cache, T, H, D, dtype, seed=0, chunk=None):
+    keys = outlier_keys((1, H, T, D), seed=seed).astype(dtype)
+    values = mx.random.normal((1, H, T, D), key=mx.random.key(seed + 1)).astype(dtype)
+    step = chunk or T
+    for start in range(0, T, step):
+        cache.update_and_fetch(keys[:, :, start:start + step], values[:, :, start:start + step])
+    return cache
+
+
+def step_inputs(cache, L, H, G, D, dtype, seed=7):
+    k = outlier_keys((1, H, L, D), seed=seed).astype(dtype)
+    v = mx.random.normal((1, H, L, D), key=mx.random.key(seed + 1)).astype(dtype)
+    q = mx.random.normal((1, H * G, L, D), key=mx.random.key(seed + 2)).astype(dtype)
+    mask = cache.make_mask(L, return_array=False, window_size=None)
+    view, _ = cache.update_and_fetch(k, v)
+    return q, view, mask
+
+
+def both_paths(monkeypatch, q, view, mask, sinks=None, scale=None):
+    scale = scale or q.shape[-1] ** -0.5
+    monkeypatch.setenv(KERNEL_ENV, "off")
+    portable = turbo_scaled_dot_product_attention(q, view, scale, mask, sinks)
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    fused = fused_decode_attention(q, view, scale, mask, sinks)
+    assert fused is not None, "the kernel declined a case it covers"
+    mx.eval(portable, fused)
+    assert fused.shape == portable.shape and fused.dtype == portable.dtype
+    return fused, portable
+
+
+# -- everywhere ----------------------------------------------------------------
+def test_kernel_mode_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    assert kernel_mode() == "auto"
+    monkeypatch.setenv(KERNEL_ENV, " OFF ")
+    assert kernel_mode() == "off"
+    monkeypatch.setenv(KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match=f"{KERNEL_ENV}='fast'.*auto, on, off"):
+        kernel_mode()
+
+
+@pytest.mark.skipif(ON_CUDA, reason="checks the refusal where the kernel cannot run")
+def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    assert layer_support(view.codec) is not None
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    with pytest.raises(KernelUnavailableError, match=f"{KERNEL_ENV}=on.*cannot run"):
+        turbo_scaled_dot_product_attention(q, view, 0.125, mask)
+    monkeypatch.setenv(KERNEL_ENV, "auto")  # auto: the portable path, same answer as off
+    auto = turbo_scaled_dot_product_attention(q, view, 0.125, mask)
+    monkeypatch.setenv(KERNEL_ENV, "off")
+    assert mx.array_equal(auto, turbo_scaled_dot_product_attention(q, view, 0.125, mask)).item()
+
+
+# -- on the GPU ------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo4v2", "turbo3v2",
+                                    "turbo0v4", "turbo0v2", "turbo8v4"])
+def test_every_width_matches_the_portable_path(monkeypatch, scheme):
+    cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+
+
+@needs_cuda
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
+def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
+    cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, D, dtype)
+    q, view, mask = step_inputs(cache, 1, 2, 4, D, dtype)
+    bound = BF16_TOLERANCE if dtype == mx.bfloat16 else TOLERANCE
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < bound
+
+
+@needs_cuda
+@pytest.mark.parametrize("G", [1, 3, 8])
+@pytest.mark.parametrize("L", [1, 2, 8])
+def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 3000, 4, 128, mx.float16, chunk=1024)
+    q, view, mask = step_inputs(cache, L, 4, G, 128, mx.float16)
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+
+
+@needs_cuda
+@pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
+def test_key_calibrations_and_attention_sinks(monkeypatch, calibration):
+    cache = filled_cache(TurboQuantKVCache("turbo4", key_calibration=calibration), 900, 4, 64,
+                         mx.bfloat16)
+    q, view, mask = step_inputs(cache, 1, 4, 2, 64, mx.bfloat16)
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < BF16_TOLERANCE
+    sinks = 3 * mx.random.normal((8,), key=mx.random.key(3))  # GPT-OSS learned sink logits
+    assert relative_error(*both_paths(monkeypatch, q, view, mask, sinks)) < BF16_TOLERANCE
+
+
+@needs_cuda
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
+def test_sliding_window_cache(monkeypatch, scheme):
+    cache = filled_cache(TurboQuantRotatingKVCache(scheme, max_size=512), 1500, 2, 128,
+                         mx.float16, chunk=500)
+    for step in range(3):  # the ring wraps
+        mask = cache.make_mask(1, window_size=512)
+        q, view, _ = step_inputs(cache, 1, 2, 4, 128, mx.float16, seed=10 + step)
+        assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+
+
+@needs_cuda
+@pytest.mark.parametrize("scheme", ["turbo3", "turbo0v4"])
+def test_batch_rows_of_different_lengths(monkeypatch, scheme):
+    singles = [filled_cache(TurboQuantKVCache(scheme), n, 4, 128, mx.float16, seed=n)
+               for n in (700, 90, 1300)]
+    batch = TurboQuantKVCache.merge(singles)
+    for step in range(2):
+        k = mx.random.normal((3, 4, 1, 128), key=mx.random.key(step)).astype(mx.float16)
+        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(mx.float16)
+        mask = batch.make_mask(1, return_array=True)
+        view, _ = batch.update_and_fetch(k, k)
+        assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+
+
+@needs_cuda
+def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192)
+    q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    assert relative_error(*both_paths(monkeypatch, q, view, mask)) < TOLERANCE
+
+
+@needs_cuda
+def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monkeypatch):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
+    assert fused_decode_attention(q, view, 0.1, mask) is not None
+    q, view, mask = step_inputs(cache, 16, 2, 4, 128, mx.float16)
+    assert fused_decode_attention(q, view, 0.1, mask) is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("scheme, calibration", [("turbo4", "center"), ("turbo3", "center+scale"),
+                                                 ("turbo2", "none"), ("turbo8v4", "center"),
+                                                 ("turbo0v3", None)])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
+    from mlx_lm_turbo.codec import TurboCodec
+    from mlx_lm_turbo.schemes import parse_scheme
+
+    keys = outlier_keys((2, 4, 300, D)).astype(mx.bfloat16)
+    values = mx.random.normal((2, 4, 300, D)).astype(mx.bfloat16)
+    codec = TurboCodec.for_keys(parse_scheme(scheme), keys, values, key_calibration=calibration)
+    codec.calibrate(keys)
+    monkeypatch.setenv(KERNEL_ENV, "off")
+    stored, exact_keys, exact_values = codec.encode(keys, values)
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    fused, fused_keys, fused_values = fused_encode(codec, keys, values)
+    mx.eval(stored, fused)
+    assert relative_error(fused_keys, exact_keys) < 1e-3
+    assert relative_error(fused_values, exact_values) < 1e-3
+    for mine, theirs in zip(fused, stored):
+        assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+        if mine.dtype == mx.uint32:  # codes: a coordinate within float error of a boundary may flip
+            assert (mine != theirs).astype(mx.float32).mean().item() < 0.01
+        else:
+            assert mx.allclose(mine, theirs, rtol=2e-3, atol=1e-3).item()
+    # What matters downstream: the decoded vectors agree.
+    decoded, expected = codec.decode(fused), codec.decode(stored)
+    for a, b in zip(decoded, expected):
+        assert relative_error(a, b) < 1e-2
