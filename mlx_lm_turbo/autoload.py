@@ -89,7 +89,9 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except UsageError as error:
+        except Exception as error:
+            if not _is_usage_error(error):
+                raise
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
@@ -97,6 +99,13 @@ def main_with_plugin(original):
 
     main.turbo_original = original
     return main
+
+
+def _is_usage_error(error):
+    """Ours, or MLX_LM_TURBO_KERNEL=on where no kernel runs (its module is loaded if it raised)."""
+    dispatch = sys.modules.get("mlx_lm_turbo.kernels.dispatch")
+    return isinstance(error, UsageError) or (
+        dispatch is not None and isinstance(error, dispatch.KernelUnavailableError))
 
 
 def run_with_checks(original):

@@ -71,9 +71,11 @@ def apply_options(parser, args):
                      f"{hint}. --kv-scheme turbo4 is more accurate than --kv-bits 4 at fewer bits per value.")
     try:
         from .compat import check_mlx_lm_version
+        from .kernels.dispatch import kernel_mode
 
         check_mlx_lm_version()
-    except RuntimeError as error:
+        kernel_mode()  # a bad MLX_LM_TURBO_KERNEL fails now, not at the first attention
+    except (RuntimeError, ValueError) as error:
         parser.error(str(error))
     boundary_skip = args.turbo_boundary_skip
     settings.active = settings.Settings(

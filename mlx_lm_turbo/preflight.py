@@ -9,6 +9,7 @@ is traced through mlx-lm's own caches to learn each layer's head dims.
 
 import os
 from dataclasses import replace
+from types import SimpleNamespace
 
 import mlx.core as mx
 
@@ -37,6 +38,8 @@ def _head_dims(model):
 
 def check_model(model, active):
     """Raise the UsageError that a first request would meet under ``active``'s settings."""
+    from .kernels.dispatch import KERNEL_ENV, kernel_mode, layer_support
+
     _, _, layers, _ = plan(model, active.scheme, boundary_skip=active.boundary_skip, model_path=active.model_path)
     dims = _head_dims(model)
     for p in layers if dims else ():
@@ -45,6 +48,11 @@ def check_model(model, active):
             if p.scheme.key_bits:
                 check_head_dim(key_dim)
             check_head_dim(value_dim)
+            # layer_support reads a codec's head dims only; a codec itself would build rotations here
+            why_not = kernel_mode() == "on" and layer_support(SimpleNamespace(key_dim=key_dim, value_dim=value_dim))
+            if why_not:
+                raise UsageError(f"{KERNEL_ENV}=on, but the fused kernels cannot run for cache entry "
+                                 f"{p.index}: {why_not}. Unset it (or set {KERNEL_ENV}=auto).")
 
 
 def load_model(path, *, lazy=False, trust_remote_code=False):

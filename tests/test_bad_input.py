@@ -91,6 +91,26 @@ def test_start_up_check_traces_what_a_request_would_meet(config, message):
     check_model(model_from_config(dict(LLAMA_HD16, head_dim=32, hidden_size=128)), active)  # fine
 
 
+def test_start_up_check_covers_the_kernel_choice(monkeypatch):
+    from mlx_lm_turbo.preflight import check_model
+
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "on")  # head dim 80: no kernel, on any backend
+    with pytest.raises(UsageError, match="MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run for cache entry 0"):
+        check_model(model_from_config(tiny_models.CONFIGS["llama_hd80"]), settings.Settings(parse_scheme("turbo4")))
+
+
+@pytest.mark.parametrize("value, message", [
+    ("bogus", "MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off."),
+    ("on", "MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run"),
+])
+def test_kernel_choice_errors_are_usage_errors(value, message, tiny_model, monkeypatch, capsys):
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", value)
+    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama_hd80"), "--prompt", "hi",
+                      "--max-tokens", 1, "--kv-scheme", "turbo4")
+    err = capsys.readouterr().err
+    assert status == 2 and message in err
+
+
 def test_server_check_names_a_model_it_cannot_load(tmp_path):
     from types import SimpleNamespace
 
