@@ -42,20 +42,23 @@ def _check_options(parser, args):
 
 
 def _report_settings():
-    """Print the environment's scheme and the overrides file, each checked; False if one is bad."""
+    """Print the plugin's environment variables and the overrides file, each checked; False if one is bad."""
     from .cli_options import ENV_SCHEME
     from .errors import OverridesFileError
+    from .kernels.dispatch import KERNEL_ENV, kernel_mode
     from .registry import registry, user_overrides_file
     from .schemes import parse_scheme
 
     ok = True
-    if os.environ.get(ENV_SCHEME) is not None:
-        try:
-            scheme = parse_scheme(os.environ[ENV_SCHEME])
-            state = f"{scheme.name if scheme else 'none'}, the default of --kv-scheme"
-        except ValueError as error:
-            state, ok = f"INVALID: {error}", False
-        print(f"{ENV_SCHEME}: {state}")
+    checks = {ENV_SCHEME: lambda: f"{parse_scheme(os.environ[ENV_SCHEME]) or 'none'}, the default of --kv-scheme",
+              KERNEL_ENV: kernel_mode}
+    for name, check in checks.items():
+        if os.environ.get(name) is not None:
+            try:
+                state = check()
+            except ValueError as error:
+                state, ok = f"INVALID: {error}", False
+            print(f"{name}: {state}")
     overrides = user_overrides_file()
     try:
         registry()

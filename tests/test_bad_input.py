@@ -410,8 +410,10 @@ def test_doctor_reports_bad_settings_without_a_traceback(overrides, monkeypatch,
 
     path = overrides(LLAMA + 'opt_out = "no"\n')
     monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo5")
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "bogus")
     assert doctor.main([]) == 1
     out = capsys.readouterr().out
+    assert "MLX_LM_TURBO_KERNEL: INVALID: MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off." in out
     assert f"user overrides file: {path} (INVALID: Bad entry 0 in {path}: opt_out = 'no'" in out
     assert "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?" in out
 
