@@ -208,11 +208,13 @@ def _nan_norms(arrays, meta_of, set_meta):
 DAMAGE = {  # case: (saved file, edit, what the message says)
     "offset larger": ("turbo4", _set(1, offset=500), r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores"),
     "offset smaller": ("turbo4", _set(1, offset=3), "its offset is 3 but it stores"),
-    "codec key dim": ("turbo4", _set(2, codec_key_dim=64), r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
+    "codec key dim": ("turbo4", _set(2, codec_key_dim=64),
+                      r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
     "scheme vs codec": ("turbo4", _set(2, scheme="turbo3"), "codec's scheme turbo4 disagrees with its scheme turbo3"),
     "scheme vs arrays": ("turbo4", _set(2, scheme="turbo3", codec_scheme="turbo3"), r"expected \(1, 2, \d+, 12\)"),
     "missing value codes": ("turbo4", lambda arrays, *_: arrays.pop("1.7"), "the value-codes array is missing"),
-    "metadata not JSON": ("turbo4", lambda arrays, meta_of, set_meta: set_meta(0, "{not json"), "its metadata is not JSON"),
+    "metadata not JSON": ("turbo4", lambda arrays, meta_of, set_meta: set_meta(0, "{not json"),
+                          "its metadata is not JSON"),
     "NaN norms": ("turbo4", _nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
     "bad dtype": ("turbo4", _set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
     "random codes": ("turbo4", _random_codes, "do not match the checksum saved with them"),
@@ -379,7 +381,8 @@ def test_bad_overrides_file_entries_are_named(toml, message, overrides):
 
 @pytest.mark.parametrize("toml, message", [
     (LLAMA + 'layer_schemes = { 99 = "turbo8" }\n',
-     "layer_schemes entry 99 of an override ({path} [override 0]) is beyond model type 'llama', whose caches are entries 0-5"),
+     "layer_schemes entry 99 of an override ({path} [override 0]) is beyond model type 'llama', "
+     "whose caches are entries 0-5"),
     (LLAMA + "boundary_skip = 7\n", "boundary skip of 7 (an override) is more than the 6 attention layers"),
 ])
 def test_overrides_that_do_not_fit_the_model_are_refused(toml, message, overrides, tiny_model):
