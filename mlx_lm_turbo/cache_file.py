@@ -214,7 +214,14 @@ def _check_tokens(meta, tokens, rotating):
 
 def check(file_name):
     """Refuse a file whose TurboQuant entries disagree with their metadata or checksum."""
+    import mlx_lm.models.cache as mlx_cache  # where mlx-lm's loader looks cache classes up
+
     metadata, classes, states = read(file_name)
+    unknown = sorted({name for name in classes if not isinstance(getattr(mlx_cache, str(name), None), type)})
+    if unknown:
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} holds caches of class {', '.join(map(str, unknown))}, which neither "
+            "mlx-lm nor mlx-lm-turbo provides (a newer version or another plugin may have written it).")
     for i, (name, state) in enumerate(zip(classes, states)):
         if name in TURBO_CLASSES:
             try:
@@ -272,7 +279,7 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
     except UsageError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as error:
-        raise PromptCacheFileError(f"Cannot load prompt-cache file {file_name}: {error!r}") from None
+        raise PromptCacheFileError(f"Cannot load prompt-cache file {file_name}: {error}") from None
     if settings.active is not None:
         note_scheme_mismatch(file_name, loaded[0] if isinstance(loaded, tuple) else loaded,
                              settings.active.scheme)

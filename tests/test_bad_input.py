@@ -156,13 +156,15 @@ def saved_caches(tiny_model, tmp_path_factory):
     return files
 
 
-def damaged(source, target, edit):
-    """A copy of a prompt-cache file with ``edit(arrays, meta_of, set_meta)`` applied to its raw contents."""
+def damaged(source, target, edit, metadata_edit=None):
+    """A copy of a prompt-cache file with ``edit(arrays, meta_of, set_meta)`` applied to its raw
+    contents and ``metadata_edit`` to its file metadata."""
     import json
 
     import mlx.core as mx
 
     arrays, metadata = mx.load(str(source), return_metadata=True)
+    metadata.update(metadata_edit or {})
 
     def meta_of(entry):
         return json.loads("".join(map(chr, arrays[f"{entry}.0"].tolist())))
@@ -171,7 +173,8 @@ def damaged(source, target, edit):
         text = meta if isinstance(meta, str) else json.dumps(meta)
         arrays[f"{entry}.0"] = mx.array([ord(c) for c in text], dtype=mx.int32)
 
-    edit(arrays, meta_of, set_meta)
+    if edit is not None:
+        edit(arrays, meta_of, set_meta)
     mx.save_safetensors(str(target), arrays, metadata)
     return target
 
@@ -220,6 +223,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "random codes": ("turbo4", _random_codes, "do not match the checksum saved with them"),
     "ring index": ("rings", _set(0, idx=10**6), r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit"),
     "ring offset": ("rings", _set(0, offset=5), "its offset is 5 but it stores"),
+    "unknown class": ("turbo4", None, "holds caches of class MysteryCache, which neither mlx-lm nor mlx-lm-turbo"),
     "uncompressed start offset": ("start", _set(1, offset=5000), "its offset is 5000 but its uncompressed start"),
 }
 
@@ -230,10 +234,11 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
     from mlx_lm_turbo.errors import PromptCacheFileError
 
     source, edit, message = DAMAGE[case]
-    path = damaged(saved_caches[source], tmp_path / "damaged.safetensors", edit)
+    path = damaged(saved_caches[source], tmp_path / "damaged.safetensors", edit,
+                   metadata_edit={"1.3": "MysteryCache"} if case == "unknown class" else None)
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
-    assert str(info.value).startswith(f"Prompt-cache file {path} is damaged: ")
+    assert str(info.value).startswith(f"Prompt-cache file {path} ")
     assert re.search(message, str(info.value))
 
 
