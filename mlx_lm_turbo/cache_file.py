@@ -59,7 +59,7 @@ def read(file_name):
             raise ValueError("one state per cache class")
     except (ValueError, TypeError, KeyError, IndexError) as error:
         raise PromptCacheFileError(
-            f"{file_name} is not a prompt-cache file written by mlx-lm ({error}); "
+            f"Prompt-cache file {file_name} was not written by mlx-lm's save_prompt_cache ({error}); "
             "make one with mlx_lm.cache_prompt.") from None
     return metadata, classes, states
 

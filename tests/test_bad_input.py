@@ -257,6 +257,8 @@ def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
 
 
 def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
+    import mlx.core as mx
+
     from mlx_lm_turbo.cache_file import check
     from mlx_lm_turbo.errors import PromptCacheFileError
 
@@ -264,7 +266,10 @@ def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
     truncated.write_bytes(saved_caches["turbo4"].read_bytes()[:5000])
     text = tmp_path / "text.safetensors"
     text.write_text("hello")
+    weights = tmp_path / "weights.safetensors"
+    mx.save_safetensors(str(weights), {"w": mx.zeros((2,))}, {"format": "mlx"})
     for path, message in [(truncated, "not a complete safetensors file"), (text, "not a complete safetensors file"),
+                          (weights, "was not written by mlx-lm's save_prompt_cache"),
                           (tmp_path / "missing.safetensors", "does not exist")]:
         with pytest.raises(PromptCacheFileError, match=f"{path}.*{message}|{message}.*{path}"):
             check(path)
