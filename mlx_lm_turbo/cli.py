@@ -19,8 +19,7 @@ USAGE = "\n".join([
 ])
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def _run(argv):
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
@@ -38,6 +37,13 @@ def main(argv=None):
     except UsageError as error:
         print(f"mlx-lm-turbo {argv[0]}: error: {error}", file=sys.stderr)
         return 2
+
+
+def main(argv=None):
+    try:
+        status = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # a reader gone away shows here, not in Python's final flush
+        return status
     except BrokenPipeError:
         # The reader went away (doctor | head): stop quietly like other Unix tools, and keep
         # Python's final flush of stdout from failing again.

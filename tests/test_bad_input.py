@@ -469,12 +469,13 @@ def test_doctor_refusal_is_reported_not_raised(overrides, tiny_model, capsys):
     assert "refused: TurboQuant is turned off for model type 'llama'" in capsys.readouterr().out
 
 
-def test_doctor_into_a_closed_pipe_stops_quietly():
+@pytest.mark.parametrize("args", [["doctor"], ["--help"]])
+def test_output_into_a_closed_pipe_stops_quietly(args):
     import subprocess
 
     from test_cli import BIN
 
-    process = subprocess.Popen([str(BIN / "mlx-lm-turbo"), "doctor"], stdout=subprocess.PIPE,
+    process = subprocess.Popen([str(BIN / "mlx-lm-turbo"), *args], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     process.stdout.close()  # like `| head -0`: every write finds no reader
     _, err = process.communicate(timeout=60)
