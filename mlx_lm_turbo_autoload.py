@@ -2,8 +2,10 @@
 
 It only installs a tiny import finder: nothing of mlx or mlx-lm is imported here.
 When one of mlx-lm's modules listed below has executed, the plugin attaches to it
-(``mlx_lm_turbo.autoload``). ``MLX_LM_TURBO_DISABLE=1`` turns all of this off. If
-attaching fails, mlx-lm keeps working and one warning says why.
+(``mlx_lm_turbo.autoload``). ``MLX_LM_TURBO_DISABLE=1`` turns the plugin off: then
+the commands only say, when they fail on something the plugin provides (its
+options, a prompt-cache file of its caches), that it is turned off. If attaching
+fails, mlx-lm keeps working and one warning says why.
 """
 
 import os
@@ -13,6 +15,13 @@ TARGETS = frozenset({
     "mlx_lm.models.cache", "mlx_lm.generate", "mlx_lm.chat", "mlx_lm.cache_prompt",
     "mlx_lm.benchmark", "mlx_lm.perplexity", "mlx_lm.server", "mlx_lm.evaluate",
 })
+DISABLE = "MLX_LM_TURBO_DISABLE"
+OPTIONS = ("--kv-scheme", "--turbo-boundary-skip", "--turbo-uncompressed-start")
+
+
+def disabled():
+    """Whether ``MLX_LM_TURBO_DISABLE`` turns the plugin off: any value but empty, 0, false, no, off."""
+    return os.environ.get(DISABLE, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _attach(module):
@@ -26,11 +35,38 @@ def _attach(module):
         warnings.warn(f"mlx-lm-turbo could not attach to {module.__name__} and is inactive there: {error!r}")
 
 
+def _explain_when_disabled(module):
+    """With the plugin off, a command failing on what only the plugin provides says why."""
+    original = getattr(module, "main", None)
+    if original is None:
+        return
+
+    def main(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        except KeyError as error:  # load_prompt_cache looks cache classes up by name
+            if not (error.args and str(error.args[0]).startswith("TurboQuant")):
+                raise
+            print(f"mlx-lm-turbo: the prompt-cache file holds {error.args[0]} caches, which load only "
+                  f"with mlx-lm-turbo on, and {DISABLE} is set: unset it.", file=sys.stderr)
+            raise SystemExit(2) from None
+        except SystemExit as error:
+            if error.code == 2 and any(a.split("=")[0] in OPTIONS for a in sys.argv[1:]):
+                print(f"mlx-lm-turbo: {', '.join(OPTIONS)} are off because {DISABLE} is set: "
+                      "unset it to use them.", file=sys.stderr)
+            raise
+
+    module.main = main
+
+
 class _Finder:
-    """Finds nothing itself: asks the other finders, then runs ``_attach`` after the module executes."""
+    """Finds nothing itself: asks the other finders, then runs ``attach`` after the module executes."""
+
+    def __init__(self, attach, targets):
+        self.attach, self.targets = attach, targets
 
     def find_spec(self, name, path=None, target=None):
-        if name not in TARGETS:
+        if name not in self.targets:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -46,17 +82,20 @@ class _Finder:
 
             def exec_and_attach(module):
                 exec_module(module)
-                _attach(module)
+                self.attach(module)
 
             loader.exec_module = exec_and_attach
         return spec
 
 
 def install():
-    if os.environ.get("MLX_LM_TURBO_DISABLE", "") not in ("", "0"):
+    if any(isinstance(f, _Finder) for f in sys.meta_path):
         return
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    if disabled():
+        finder = _Finder(_explain_when_disabled, TARGETS - {"mlx_lm.models.cache"})
+    else:
+        finder = _Finder(_attach, TARGETS)
+    sys.meta_path.insert(0, finder)
 
 
 install()

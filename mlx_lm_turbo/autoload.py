@@ -1,9 +1,10 @@
 """What the plugin does as each of mlx-lm's modules finishes loading.
 
 - ``mlx_lm.models.cache``: route ``make_prompt_cache`` through the plugin, and
-  have ``load_prompt_cache`` register the turbo cache classes before reading a
-  file. The commands import both names from there, so they all get them; with
-  no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
+  have ``load_prompt_cache`` check a file (``cache_file``) and register the turbo
+  cache classes before reading it (``save_prompt_cache`` adds the checksum it
+  checks). The commands import these names from there, so they all get them;
+  with no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
 
@@ -18,7 +19,7 @@ import os
 import sys
 
 from . import compat, settings
-from .errors import CacheFormatError, OverridesFileError, UnsupportedModelError
+from .errors import UsageError
 
 COMMANDS = ("generate", "chat", "cache_prompt", "benchmark", "perplexity", "server", "evaluate")
 
@@ -41,7 +42,7 @@ def make_prompt_cache_with_plugin(original):
             model, active.scheme, boundary_skip=active.boundary_skip, max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start, model_path=active.model_path,
         )
-        _announce(model, caches)
+        _announce(model, caches, active.scheme)
         return caches
 
     make_prompt_cache.turbo_original = original
@@ -51,7 +52,7 @@ def make_prompt_cache_with_plugin(original):
 _announced = set()
 
 
-def _announce(model, caches):
+def _announce(model, caches, requested):
     """Say once per model, on stderr, what was compressed: a scheme is never silently unused."""
     if id(model) in _announced:
         return
@@ -63,19 +64,31 @@ def _announce(model, caches):
     schemes = Counter(c.scheme.name for c in caches if hasattr(c, "codec"))
     kept = len(caches) - sum(schemes.values())
     summary = ", ".join(f"{n} x {s}" for s, n in schemes.items())
+    unused = "" if requested.name in schemes else (
+        f"; no layer uses {requested.name}: every attention layer is a boundary layer "
+        "(--turbo-boundary-skip) or set by an override")
     print(f"[mlx-lm-turbo] {model_type_of(model)}: KV caches {summary}"
-          + (f"; {kept} state caches kept as they are" if kept else ""), file=sys.stderr)
+          + (f"; {kept} state caches kept as they are" if kept else "") + unused, file=sys.stderr)
 
 
 def load_prompt_cache_with_plugin(original):
     @functools.wraps(original)
     def load_prompt_cache(*args, **kwargs):
-        from .integration import register_cache_classes
+        from .cache_file import load_prompt_cache as checked_load
 
-        register_cache_classes()
-        return original(*args, **kwargs)
+        return checked_load(original, *args, **kwargs)
 
     return load_prompt_cache
+
+
+def save_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def save_prompt_cache(file_name, cache, metadata=None):
+        from .cache_file import save_prompt_cache as checksummed_save
+
+        return checksummed_save(original, file_name, cache, metadata)
+
+    return save_prompt_cache
 
 
 def main_with_plugin(original):
@@ -86,7 +99,9 @@ def main_with_plugin(original):
         try:
             with options_on_first_parser():
                 return original(*args, **kwargs)
-        except (UnsupportedModelError, OverridesFileError, CacheFormatError) as error:
+        except Exception as error:
+            if not isinstance(error, UsageError):
+                raise
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
@@ -94,6 +109,20 @@ def main_with_plugin(original):
 
     main.turbo_original = original
     return main
+
+
+def run_with_checks(original):
+    """The server checks what it can before serving: a refusal in its generation
+    thread would leave a server that answers every request with an error."""
+    @functools.wraps(original)
+    def run(host, port, model_provider, *args, **kwargs):
+        if settings.active is not None:
+            from .preflight import check_server
+
+            check_server(model_provider.cli_args, settings.active)
+        return original(host, port, model_provider, *args, **kwargs)
+
+    return run
 
 
 def attach(module):
@@ -106,9 +135,12 @@ def attach(module):
     if name == "mlx_lm.models.cache":
         module.make_prompt_cache = make_prompt_cache_with_plugin(module.make_prompt_cache)
         module.load_prompt_cache = load_prompt_cache_with_plugin(module.load_prompt_cache)
+        module.save_prompt_cache = save_prompt_cache_with_plugin(module.save_prompt_cache)
         return
     if name.rsplit(".", 1)[-1] in COMMANDS and hasattr(module, "main"):
         module.main = main_with_plugin(module.main)
+    if name == "mlx_lm.server":
+        module.run = run_with_checks(module.run)
     if name == "mlx_lm.perplexity":
         from .perplexity import eval_ppl_with_plugin
 

@@ -23,11 +23,13 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
+from .settings import DEFAULT_BOUNDARY_SKIP
 
 BOOK = Path(__file__).with_name("data") / "pride-and-prejudice.txt"
 DEFAULT_CACHES = ("fp16", "affine8", "affine4", "affine3", "affine2", "turbo8", "turbo4", "turbo3",
                   "turbo2", "turbo4v2", "turbo4v3", "turbo8v4", "turbo0v4", "turbo0v2")
 AFFINE_GROUP = 64
+AFFINE_BITS = ("2", "3", "4", "5", "6", "8")  # what mx.quantize takes
 NEEDLE = "The secret passphrase is {word}."
 NEEDLE_WORDS = ("tangerine", "lighthouse", "marmalade", "saxophone", "avalanche", "porcupine")
 # Completion, not a chat question: a 135M model retrieves by copying from context
@@ -55,7 +57,11 @@ class CacheKind:
         from .schemes import parse_scheme
 
         self.name, self.boundary_skip = name, boundary_skip
-        self.affine_bits = int(name[6:]) if name.startswith("affine") else None
+        self.affine_bits = None
+        if name.startswith("affine"):
+            if name[6:] not in AFFINE_BITS:
+                raise ValueError(f"Unknown cache {name!r}: affine caches are affine{'/'.join(AFFINE_BITS)}.")
+            self.affine_bits = int(name[6:])
         self.scheme = None if name == "fp16" or self.affine_bits else parse_scheme(name)
 
     def make(self, model):
@@ -130,19 +136,20 @@ def peak_prefill_memory(model, kind, tokens, chunk=512):
 
 
 def run(args, checkpoint=lambda results: None):
-    from mlx_lm import load
-
     from .gguf import demo_model_path
+    from .preflight import load_model
+    from .prompt_cache import plan
 
     model_path = args.model or str(demo_model_path())
-    model, tokenizer = load(model_path)
+    model, tokenizer = load_model(model_path)
     if args.dtype != "model":
         model.set_dtype(getattr(mx, args.dtype))
     dtype = next(p.dtype for _, p in tree_flatten(model.parameters())
                  if p.dtype in (mx.float16, mx.bfloat16, mx.float32))
     kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
-    if kinds[0].name != "fp16":
-        raise SystemExit("--caches must start with fp16: every ratio is measured against it.")
+    for kind in kinds:  # a refused model or scheme fails before anything is measured
+        if kind.scheme is not None:
+            plan(model, kind.scheme, boundary_skip=args.boundary_skip, model_path=model_path)
     per_token = values_per_token(model, dtype)
     results = {"model": model_path, "device": str(mx.default_device()), "dtype": str(dtype).split(".")[-1],
                "decode_steps": args.decode, "boundary_skip": args.boundary_skip, "rows": []}
@@ -278,9 +285,30 @@ def write(results, out_dir):
     (out_dir / "results.md").write_text(markdown(results))
     try:
         plots(results, out_dir)
+        wrote = "results.json, results.md, kl_vs_bits.png and memory_vs_context.png"
     except ImportError:
         say('matplotlib is not installed: no plots (pip install "mlx-lm-turbo[bench]")')
-    say(f"wrote {out_dir}/results.json, results.md and plots")
+        wrote = "results.json and results.md"
+    say(f"wrote {wrote} in {out_dir}")
+
+
+def _check_options(parser, args):
+    """Bad options fail here, before the model loads."""
+    try:
+        for name in args.caches:
+            CacheKind(name, args.boundary_skip)
+    except ValueError as error:
+        parser.error(f"--caches: {error}")
+    if args.caches[0] != "fp16":
+        parser.error("--caches must start with fp16: every ratio is measured against it.")
+    for option, values, least in [("--contexts", args.contexts, 1), ("--decode", [args.decode], 1),
+                                  ("--needle-contexts", args.needle_contexts, 1),
+                                  ("--memory-context", [args.memory_context], 0),
+                                  ("--boundary-skip", [args.boundary_skip], 0)]:
+        if any(v < least for v in values):
+            parser.error(f"{option} must be at least {least}, got {' '.join(map(str, values))}.")
+    if any(not 0 <= d <= 1 for d in args.needle_depths):
+        parser.error("--needle-depths are fractions of the context, from 0 to 1.")
 
 
 def main(argv=None):
@@ -294,7 +322,7 @@ def main(argv=None):
     parser.add_argument("--needle-contexts", type=int, nargs="*", default=[1024, 4096])
     parser.add_argument("--needle-depths", type=float, nargs="*", default=[0.1, 0.5, 0.9])
     parser.add_argument("--memory-context", type=int, default=8192, help="0 to skip the peak-memory runs")
-    parser.add_argument("--boundary-skip", type=int, default=2)
+    parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
     parser.add_argument("--dtype", default="auto", choices=["auto", "model", "float16", "bfloat16", "float32"],
                         help="activations' dtype; auto: float16 on a GPU, the model's own on CPU")
     parser.add_argument("--out", default="bench-out")
@@ -302,10 +330,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     if args.from_json:
-        write(json.loads(Path(args.from_json).read_text()), out_dir)
+        try:
+            results = json.loads(Path(args.from_json).read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--from-json: cannot read {args.from_json}: {error}")
+        write(results, out_dir)
         return 0
-    for name in args.caches:
-        CacheKind(name, args.boundary_skip)  # a bad name fails before the model loads
+    _check_options(parser, args)
     if args.dtype == "auto":
         args.dtype = "float16" if mx.default_device() == mx.gpu else "model"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .errors import UnsupportedModelError
+
 _TABLE_FILE = Path(__file__).with_name("codebooks.json")
 
 
@@ -24,7 +26,7 @@ def supported_head_dims():
 
 def check_head_dim(head_dim: int):
     if head_dim not in supported_head_dims():
-        raise ValueError(
+        raise UnsupportedModelError(
             f"TurboQuant has no codebook for head_dim={head_dim}; supported head dims are "
             f"{', '.join(map(str, supported_head_dims()))}. Run this model without "
             "--kv-scheme (or with turbo0vN only if its value head dim is supported)."

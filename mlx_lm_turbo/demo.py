@@ -9,12 +9,13 @@ import argparse
 import time
 
 import mlx.core as mx
-from mlx_lm import load
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
-from .prompt_cache import make_prompt_cache
+from .preflight import load_model
+from .prompt_cache import make_prompt_cache, plan
 from .schemes import parse_scheme
+from .settings import DEFAULT_BOUNDARY_SKIP
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
@@ -50,19 +51,28 @@ def main(argv=None):
     parser.add_argument("--schemes", nargs="+", default=["turbo4", "turbo3"],
                         help="TurboQuant schemes to compare with fp16 (default: turbo4 turbo3)")
     parser.add_argument("--max-tokens", type=int, default=60)
-    parser.add_argument("--boundary-skip", type=int, default=2,
-                        help="first/last N attention layers kept at 8 bits (default: 2)")
+    parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP,
+                        help=f"first/last N attention layers kept at 8 bits (default: {DEFAULT_BOUNDARY_SKIP})")
     parser.add_argument("--no-chat-template", action="store_true", help="use the prompt as is")
     args = parser.parse_args(argv)
-    schemes = [parse_scheme(s) for s in args.schemes]  # bad names fail here, before loading
+    try:
+        schemes = [parse_scheme(s) for s in args.schemes]  # bad names fail here, before loading
+    except ValueError as error:
+        parser.error(f"--schemes: {error}")
     if None in schemes:
         parser.error("--schemes lists TurboQuant schemes to compare with fp16; drop 'none'.")
+    if args.max_tokens < 1:
+        parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
+    if args.boundary_skip < 0:
+        parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
 
     if args.model is None:
         from .gguf import demo_model_path
 
         args.model = str(demo_model_path())
-    model, tokenizer = load(args.model)
+    model, tokenizer = load_model(args.model)
+    for scheme in schemes:  # a refused model or scheme fails before anything runs
+        plan(model, scheme, boundary_skip=args.boundary_skip, model_path=args.model)
     prompt = args.prompt
     if not args.no_chat_template and tokenizer.chat_template is not None:
         prompt = tokenizer.apply_chat_template(
@@ -73,7 +83,7 @@ def main(argv=None):
     runs = [("uncompressed", _run(model, tokenizer, prompt, baseline, args.max_tokens))]
     runs[0] = (f"uncompressed ({str(baseline[0].keys.dtype).split('.')[-1]})", runs[0][1])
     for scheme in schemes:
-        cache = make_prompt_cache(model, scheme, boundary_skip=args.boundary_skip)
+        cache = make_prompt_cache(model, scheme, boundary_skip=args.boundary_skip, model_path=args.model)
         runs.append((scheme.name, _run(model, tokenizer, prompt, cache, args.max_tokens)))
 
     reference = runs[0][1]

@@ -9,10 +9,16 @@ import os
 import sys
 from pathlib import Path
 
+from .settings import DEFAULT_BOUNDARY_SKIP
+
 
 def _autoload_status():
-    if os.environ.get("MLX_LM_TURBO_DISABLE", "") not in ("", "0"):
-        return "off (MLX_LM_TURBO_DISABLE is set)"
+    try:
+        from mlx_lm_turbo_autoload import DISABLE, disabled
+    except ImportError:
+        return "NOT installed: the start-up module mlx_lm_turbo_autoload is missing (reinstall the package)"
+    if disabled():
+        return f"off ({DISABLE}={os.environ[DISABLE]!r})"
     pth = [Path(p) / "mlx_lm_turbo_autoload.pth" for p in sys.path if p]
     found = next((p for p in pth if p.exists()), None)
     if found is None:
@@ -23,27 +29,67 @@ def _autoload_status():
     return f"{state} ({found})"
 
 
+def _check_options(parser, args):
+    from .schemes import parse_scheme
+
+    try:
+        if parse_scheme(args.kv_scheme) is None:
+            parser.error("--kv-scheme: give the TurboQuant scheme to plan for, not 'none'.")
+    except ValueError as error:
+        parser.error(f"--kv-scheme: {error}")
+    if args.turbo_boundary_skip < 0:
+        parser.error(f"--turbo-boundary-skip must be >= 0, got {args.turbo_boundary_skip}.")
+
+
+def _report_settings():
+    """Print the plugin's environment variables and the overrides file, each checked; False if one is bad."""
+    from .cli_options import ENV_SCHEME
+    from .errors import OverridesFileError
+    from .kernels.dispatch import KERNEL_ENV, kernel_mode
+    from .registry import registry, user_overrides_file
+    from .schemes import parse_scheme
+
+    ok = True
+    checks = {ENV_SCHEME: lambda: f"{parse_scheme(os.environ[ENV_SCHEME]) or 'none'}, the default of --kv-scheme",
+              KERNEL_ENV: kernel_mode}
+    for name, check in checks.items():
+        if os.environ.get(name) is not None:
+            try:
+                state = check()
+            except ValueError as error:
+                state, ok = f"INVALID: {error}", False
+            print(f"{name}: {state}")
+    overrides = user_overrides_file()
+    try:
+        registry()
+        state = "present, valid" if overrides.exists() else "absent"
+    except OverridesFileError as error:
+        state, ok = f"INVALID: {error}", False
+    print(f"user overrides file: {overrides} ({state})")
+    return ok
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="mlx-lm-turbo doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="an mlx-lm model directory or repo id to plan for")
-    parser.add_argument("--kv-scheme", default="turbo4")
-    parser.add_argument("--turbo-boundary-skip", type=int, default=2)
+    parser.add_argument("--kv-scheme", default="turbo4", help="the scheme to plan for (default: turbo4)")
+    parser.add_argument("--turbo-boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
     args = parser.parse_args(argv)
+    _check_options(parser, args)
 
     from mlx_lm import __version__ as mlx_lm_version
 
     from .adapters import model_module_verdicts
     from .compat import MLX_LM_RANGE, supported
     from .plugins import all_adapters
-    from .registry import user_overrides_file
 
     version_note = ("tested" if supported() else
                     f"NOT tested (the plugin needs {MLX_LM_RANGE}; it patches nothing and refuses --kv-scheme)")
     print(f"mlx-lm {mlx_lm_version}: {version_note}")
     print(f"auto-loading: {_autoload_status()}")
-    overrides = user_overrides_file()
-    print(f"user overrides file: {overrides} ({'present' if overrides.exists() else 'absent'})\n")
+    settings_ok = _report_settings()
+    print()
 
     # In the order plugins are asked: the first adapter listing a model type serves it.
     print("| plugin | adapter | model types | sliding-window layers | notes |")
@@ -61,18 +107,20 @@ def main(argv=None):
         print(f"  {name}: {why}")
 
     if args.model:
-        from mlx_lm import load
-
         from .adapters import model_type_of
-        from .errors import UnsupportedModelError
+        from .errors import UsageError
+        from .preflight import load_model
         from .prompt_cache import plan
 
-        model, _ = load(args.model)
+        try:
+            model, _ = load_model(args.model, lazy=True)  # planning reads no weights
+        except UsageError as error:
+            parser.error(str(error))
         print(f"\nplan for {args.model} (model type {model_type_of(model)!r}), {args.kv_scheme}:")
         try:
             adapter, _, layers, override = plan(model, args.kv_scheme, boundary_skip=args.turbo_boundary_skip,
                                                 model_path=args.model)
-        except UnsupportedModelError as error:
+        except UsageError as error:
             print(f"  refused: {error}")
             return 1
         print(f"  adapter: {adapter.name}; overrides applied: {', '.join(override['sources']) or 'none'}\n")
@@ -80,4 +128,4 @@ def main(argv=None):
         print("|---:|---|---|---|")
         for p in layers:
             print(f"| {p.index} | {p.kind} | {p.scheme.name if p.scheme else '-'} | {p.reason} |")
-    return 0
+    return 0 if settings_ok else 1

@@ -3,14 +3,15 @@
 from typing import Optional
 
 from .adapters import mlx_make_prompt_cache, model_type_of
-from .errors import UnsupportedModelError
+from .errors import UnsupportedModelError, UsageError
 from .integration import install
 from .plugins import adapter_for
 from .registry import registry
 from .schemes import parse_scheme
+from .settings import DEFAULT_BOUNDARY_SKIP
 
 
-def plan(model, kv_scheme, *, boundary_skip: int = 2, max_kv_size: Optional[int] = None,
+def plan(model, kv_scheme, *, boundary_skip: int = DEFAULT_BOUNDARY_SKIP, max_kv_size: Optional[int] = None,
          model_path: Optional[str] = None):
     """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply."""
     scheme = parse_scheme(kv_scheme)
@@ -27,13 +28,34 @@ def plan(model, kv_scheme, *, boundary_skip: int = 2, max_kv_size: Optional[int]
         )
     scheme = parse_scheme(override.get("scheme", scheme))
     layer_schemes = {i: parse_scheme(s) for i, s in override.get("layer_schemes", {}).items()}
+    skip_from = "an override" if "boundary_skip" in override else "--turbo-boundary-skip"
+    boundary_skip = override.get("boundary_skip", boundary_skip)
     adapter = adapter_for(model)
-    caches, layers = adapter.plan(model, scheme, boundary_skip=override.get("boundary_skip", boundary_skip),
+    caches, layers = adapter.plan(model, scheme, boundary_skip=boundary_skip,
                                   layer_schemes=layer_schemes, max_kv_size=max_kv_size)
+    _check_fits_model(model_type, layers, boundary_skip, skip_from, layer_schemes, override["sources"])
     return adapter, caches, layers, override
 
 
-def make_prompt_cache(model, kv_scheme, *, boundary_skip: int = 2,
+def _check_fits_model(model_type, layers, boundary_skip, skip_from, layer_schemes, sources):
+    """Refuse settings that name layers the model does not have (they would be silently ignored)."""
+    attention = sum(p.kind != "state" for p in layers)
+    if boundary_skip > attention:
+        raise UsageError(
+            f"A boundary skip of {boundary_skip} ({skip_from}) is more than the {attention} attention "
+            f"layers of model type {model_type!r}; {(attention + 1) // 2} already keeps every one at 8 bits."
+        )
+    for i in sorted(layer_schemes):
+        where = f"layer_schemes entry {i} of an override ({', '.join(sources)})"
+        if i >= len(layers):
+            raise UsageError(f"The {where} is beyond model type {model_type!r}, whose caches are "
+                             f"entries 0-{len(layers) - 1}.")
+        if layers[i].kind == "state":
+            raise UsageError(f"The {where} names a recurrent-state entry of model type {model_type!r}, "
+                             "which holds no keys and values to compress.")
+
+
+def make_prompt_cache(model, kv_scheme, *, boundary_skip: int = DEFAULT_BOUNDARY_SKIP,
                       max_kv_size: Optional[int] = None, uncompressed_start: int = 0,
                       seed: int = 0, key_calibration: Optional[str] = None,
                       model_path: Optional[str] = None):

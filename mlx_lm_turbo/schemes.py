@@ -15,7 +15,12 @@ from typing import Optional
 
 KEY_BITS = (0, 2, 3, 4, 8)
 VALUE_BITS = (2, 3, 4, 8)
-_PATTERN = re.compile(r"turbo(\d+)(?:v(\d+))?(-compact)?")
+# Canonical ASCII forms only: no other digits, no leading zeros (turbo04, turbo٤).
+_PATTERN = re.compile(r"turbo(0|[1-9][0-9]*)(?:v([1-9][0-9]*))?(-compact)?", re.ASCII)
+# What a near miss looks like, for suggestions: any digits, a bare 'v', a missing dash.
+_LOOSE = re.compile(r"turbo(\d*)(?:v(\d*))?(-?compact)?")
+# Words meaning "no compression" that people try.
+_OFF_WORDS = ("off", "no", "false", "0", "disable", "disabled", "fp16", "bf16", "uncompressed")
 
 
 @dataclass(frozen=True)
@@ -59,18 +64,25 @@ def parse_scheme(text) -> Optional[KVScheme]:
 
 def _nearest_scheme(text):
     cleaned = text.strip().lower()
-    match = _PATTERN.fullmatch(cleaned)
-    if not match:
-        close = difflib.get_close_matches(cleaned, valid_scheme_names(), n=1, cutoff=0.0)
-        return close[0] if close else None
+    if cleaned in _OFF_WORDS:
+        return "none"
+    match = _LOOSE.fullmatch(cleaned)
+    if match:
+        requested, value, compact = match.group(1), match.group(2), bool(match.group(3))
+    else:  # "q4", "int8", "4bit": the number is the bits meant
+        number = re.search(r"\d+", cleaned)
+        if number is None:
+            close = difflib.get_close_matches(cleaned, valid_scheme_names() + ["none"], n=1, cutoff=0.6)
+            return close[0] if close else None
+        requested, value, compact = number.group(), None, "compact" in cleaned
 
     def nearest(bits, allowed):
         return min(allowed, key=lambda b: (abs(b - bits), b))
 
-    requested = int(match.group(1))
-    key_bits = 0 if requested == 0 else nearest(requested, [b for b in KEY_BITS if b])
-    value = int(match.group(2)) if match.group(2) else key_bits or 4
-    return KVScheme(key_bits, nearest(value, VALUE_BITS), bool(match.group(3))).name
+    key_bits = 4 if not requested else int(requested)
+    key_bits = 0 if key_bits == 0 else nearest(key_bits, [b for b in KEY_BITS if b])
+    value_bits = int(value) if value else (key_bits or 4)
+    return KVScheme(key_bits, nearest(value_bits, VALUE_BITS), compact).name
 
 
 def _unknown_scheme_message(text):

@@ -49,6 +49,36 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
     assert (again / "results.md").read_text() == (out / "results.md").read_text()
 
 
-def test_bad_cache_name_fails_before_loading():
-    with pytest.raises(ValueError, match="Did you mean turbo4"):
-        bench.main(["--model", "/nonexistent", "--caches", "fp16", "turbo5"])
+@pytest.mark.parametrize("args, message", [
+    (["--caches", "fp16", "turbo5"], "--caches: Unknown KV scheme 'turbo5'. Did you mean turbo4?"),
+    (["--caches", "fp16", "affine7"], "affine caches are affine2/3/4/5/6/8"),
+    (["--caches", "turbo4", "fp16"], "must start with fp16"),
+    (["--decode", "0"], "--decode must be at least 1, got 0"),
+    (["--contexts", "512", "-4"], "--contexts must be at least 1"),
+    (["--needle-depths", "1.5"], "from 0 to 1"),
+    (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
+    (["--from-json", "/nonexistent.json"], "--from-json: cannot read /nonexistent.json"),
+])
+def test_bad_options_fail_before_loading(args, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["--model", "/nonexistent", *args])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_without_matplotlib_no_plots_are_claimed(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    results = {"model": "m", "device": "cpu", "dtype": "float16", "decode_steps": 1, "boundary_skip": 2,
+               "rows": [], "needle": [], "peak_memory": []}
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    bench.write(results, tmp_path)
+    err = capsys.readouterr().err
+    assert "no plots" in err and f"wrote results.json and results.md in {tmp_path}" in err
+    assert "png" not in err and not list(tmp_path.glob("*.png"))

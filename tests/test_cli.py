@@ -70,7 +70,7 @@ def test_bad_scheme_is_a_usage_error(tiny_model):
 def test_kv_bits_conflict_is_a_usage_error(tiny_model):
     result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
                  "--kv-scheme", "turbo4", "--kv-bits", 4)
-    assert result.returncode == 2 and "--kv-scheme and --kv-bits" in result.stderr
+    assert result.returncode == 2 and "--kv-scheme turbo4 and --kv-bits both" in result.stderr
 
 
 def generate_with_overrides(tiny_model, overrides, toml):

@@ -85,6 +85,39 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
     assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.16
 
 
-def test_demo_rejects_bad_scheme_before_loading(capsys):
-    with pytest.raises(ValueError, match="Did you mean turbo4"):
-        demo.main(["--model", "/nonexistent", "--schemes", "turbo5"])
+def exit_status(argv):
+    """``mlx-lm-turbo ARGV`` in this process: its exit status."""
+    from mlx_lm_turbo.cli import main
+
+    try:
+        return main(argv) or 0
+    except SystemExit as exit:
+        return exit.code
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/nonexistent", "--schemes", "turbo5"], "--schemes: Unknown KV scheme 'turbo5'. Did you mean turbo4?"),
+    (["--model", "/nonexistent", "--schemes", "garbage"], "--schemes: Unknown KV scheme 'garbage'"),
+    (["--model", "/nonexistent", "--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--model", "/nonexistent", "--boundary-skip", "-2"], "--boundary-skip must be >= 0"),
+    (["--model", "/nonexistent"], "Model '/nonexistent' not found: no such directory"),
+])
+def test_demo_bad_input_is_a_usage_error(args, message, capsys):
+    assert exit_status(["demo", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_demo_of_a_refused_model_fails_before_running(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    from mlx_lm_turbo.registry import registry
+
+    overrides = tmp_path / "overrides.toml"
+    overrides.write_text('[[override]]\nmodel_type = "llama"\nopt_out = true\n')
+    monkeypatch.setenv("MLX_LM_TURBO_OVERRIDES", str(overrides))
+    registry.cache_clear()
+    try:
+        assert exit_status(["demo", "--model", str(tiny_model_dir), "--max-tokens", "2"]) == 2
+    finally:
+        registry.cache_clear()
+    captured = capsys.readouterr()
+    assert "turned off for model type 'llama'" in captured.err and "| cache |" not in captured.out

@@ -68,7 +68,7 @@ def test_kernel_mode_reads_the_environment(monkeypatch):
 def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
-    assert layer_support(view.codec) is not None
+    assert layer_support(view.codec.key_dim, view.codec.value_dim) is not None
     monkeypatch.setenv(KERNEL_ENV, "on")
     with pytest.raises(KernelUnavailableError, match=f"{KERNEL_ENV}=on.*cannot run"):
         turbo_scaled_dot_product_attention(q, view, 0.125, mask)

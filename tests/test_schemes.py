@@ -29,6 +29,9 @@ def test_off(text):
 @pytest.mark.parametrize("text, nearest", [
     ("turbo5", "turbo4"), ("turbo1", "turbo2"), ("turbo0", "turbo0v4"),
     ("turbo4v0", "turbo4v2"), ("turbo4v5", "turbo4"), ("q4", "turbo4"), ("turbo16", "turbo8"),
+    # only canonical ASCII forms are schemes: other digits and leading zeros are near misses
+    ("turbo\uff14", "turbo4"), ("turbo\u0664", "turbo4"), ("turbo04", "turbo4"), ("turbo4v02", "turbo4v2"),
+    ("turbo4v", "turbo4"), ("off", "none"), ("fp16", "none"), ("turbo4compact", "turbo4-compact"),
 ])
 def test_invalid_names_nearest_and_lists_forms(text, nearest):
     with pytest.raises(ValueError) as info:
@@ -43,3 +46,16 @@ def test_every_listed_name_parses():
     assert len(names) == len(set(names))
     for name in names:
         assert parse_scheme(name).name == name
+
+
+def test_garbage_gets_no_made_up_suggestion():
+    with pytest.raises(ValueError) as info:
+        parse_scheme("garbage")
+    assert "Did you mean" not in str(info.value)
+
+
+def test_suggestions_never_add_compact_unasked():
+    from mlx_lm_turbo.schemes import _nearest_scheme
+
+    for text in ("off", "q8", "turbo9", "turbo8v", "bits8"):
+        assert "compact" not in _nearest_scheme(text)

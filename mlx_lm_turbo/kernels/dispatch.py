@@ -10,13 +10,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from ..errors import KernelUnavailableError
+
 KERNEL_ENV = "MLX_LM_TURBO_KERNEL"
 KERNEL_MODES = ("auto", "on", "off")
 HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified for
-
-
-class KernelUnavailableError(RuntimeError):
-    """``MLX_LM_TURBO_KERNEL=on`` where a fused kernel cannot run."""
 
 
 def kernel_mode() -> str:
@@ -35,20 +33,19 @@ def gpu_backend():
     return "metal" if mx.metal.is_available() else None
 
 
-def layer_support(codec) -> "str | None":
-    """Why the fused kernel cannot serve a layer with this codec here; None if it can."""
+def layer_support(key_dim, value_dim) -> "str | None":
+    """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
     backend = gpu_backend()
     if backend is None:
-        return "MLX runs on the CPU here (the kernel is for MLX's CUDA backend)"
+        return "MLX runs on the CPU here (the kernels are for MLX's CUDA backend)"
     if backend == "metal":
-        return "the Metal variant of the kernel is not built yet (Apple GPUs use the portable path)"
-    if codec.key_dim != codec.value_dim:
-        return f"key head dim {codec.key_dim} differs from value head dim {codec.value_dim}"
-    if codec.value_dim not in HEAD_DIMS:
-        return (f"head dim {codec.value_dim} (the kernel covers "
-                f"{', '.join(map(str, HEAD_DIMS))})")
-    if any(r is not None and r.matrix is not None for r in (codec.key_rotation, codec.value_rotation)):
-        return "a dense rotation (the kernels apply Hadamard rotations)"
+        return "the Metal variant of the kernels is not built yet (Apple GPUs use the portable path)"
+    if key_dim != value_dim:
+        return f"key head dim {key_dim} differs from value head dim {value_dim}"
+    # These are powers of two, so the codec's rotations are Hadamard transforms,
+    # which the kernels apply themselves.
+    if value_dim not in HEAD_DIMS:
+        return f"head dim {value_dim} (the kernels cover {', '.join(map(str, HEAD_DIMS))})"
     return None
 
 
@@ -57,7 +54,7 @@ def use_kernel(codec) -> bool:
     mode = kernel_mode()
     if mode == "off":
         return False
-    reason = layer_support(codec)
+    reason = layer_support(codec.key_dim, codec.value_dim)
     if reason is not None and mode == "on":
         raise KernelUnavailableError(
             f"{KERNEL_ENV}=on, but the fused kernels cannot run: {reason}. "
