@@ -69,6 +69,21 @@ def _report_settings():
     return ok
 
 
+def _kernel_status():
+    """Where the fused kernels run on this machine, and what MLX_LM_TURBO_KERNEL asks."""
+    from .kernels.dispatch import HEAD_DIMS, KERNEL_ENV, kernel_mode, layer_support
+
+    try:
+        mode = kernel_mode()
+    except ValueError:
+        return "see the invalid setting above"
+    reason = layer_support(HEAD_DIMS[0], HEAD_DIMS[0])
+    where = (f"available for head dims {', '.join(map(str, HEAD_DIMS))} (decode: 1-8 query "
+             "tokens; longer prefill chunks take the portable path)" if reason is None
+             else f"not here: {reason}")
+    return f"{where}; {KERNEL_ENV}={mode}"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="mlx-lm-turbo doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +104,7 @@ def main(argv=None):
     print(f"mlx-lm {mlx_lm_version}: {version_note}")
     print(f"auto-loading: {_autoload_status()}")
     settings_ok = _report_settings()
+    print(f"fused kernels: {_kernel_status()}")
     print()
 
     # In the order plugins are asked: the first adapter listing a model type serves it.
@@ -124,8 +140,16 @@ def main(argv=None):
             print(f"  refused: {error}")
             return 1
         print(f"  adapter: {adapter.name}; overrides applied: {', '.join(override['sources']) or 'none'}\n")
-        print("| cache entry | kind | scheme | why |")
-        print("|---:|---|---|---|")
+        from .kernels.dispatch import layer_support
+        from .preflight import head_dims
+
+        dims = head_dims(model) or [None] * len(layers)
+        print("| cache entry | kind | scheme | why | decode attention |")
+        print("|---:|---|---|---|---|")
         for p in layers:
-            print(f"| {p.index} | {p.kind} | {p.scheme.name if p.scheme else '-'} | {p.reason} |")
+            path = "-"
+            if p.scheme is not None and dims[p.index] is not None:
+                why_not = layer_support(*dims[p.index])
+                path = f"portable: {why_not}" if why_not else "fused kernel"
+            print(f"| {p.index} | {p.kind} | {p.scheme.name if p.scheme else '-'} | {p.reason} | {path} |")
     return 0 if settings_ok else 1

@@ -19,7 +19,7 @@ from .prompt_cache import plan
 from .registry import registry
 
 
-def _head_dims(model):
+def head_dims(model):
     """Per cache entry, (key dim, value dim) or None, from one token traced lazily.
 
     Through mlx-lm's caches, not ours: our codebooks and rotations are cached
@@ -40,7 +40,7 @@ def check_model(model, active):
     from .kernels.dispatch import KERNEL_ENV, kernel_mode, layer_support
 
     _, _, layers, _ = plan(model, active.scheme, boundary_skip=active.boundary_skip, model_path=active.model_path)
-    dims = _head_dims(model)
+    dims = head_dims(model)
     for p in layers if dims else ():
         if p.scheme is not None and dims[p.index] is not None:
             key_dim, value_dim = dims[p.index]

@@ -79,7 +79,7 @@ def test_server_refuses_before_serving(tiny_model, tmp_path, toml, message):
 
 
 @pytest.mark.parametrize("config, message", [
-    (GEMMA2, "does not support model type 'gemma2'"),
+    (GEMMA2, "cannot serve model type 'gemma2'"),
     (LLAMA_HD16, "no codebook for head_dim=16"),
 ])
 def test_start_up_check_traces_what_a_request_would_meet(config, message):
