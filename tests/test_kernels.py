@@ -191,3 +191,13 @@ def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
     decoded, expected = codec.decode(fused), codec.decode(stored)
     for a, b in zip(decoded, expected):
         assert relative_error(a, b) < 1e-2
+
+
+def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
+    from mlx_lm_turbo.doctor import main as doctor
+
+    doctor(["--model", str(tiny_model("llama"))])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 0 |")]
+    expected = "fused kernel" if ON_CUDA else "portable: MLX runs on the CPU"
+    assert rows and rows[0].endswith(" |") and expected in rows[0]
