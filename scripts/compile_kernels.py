@@ -48,7 +48,7 @@ def wrap(name, body, header, inputs, outputs, template):
             f"__global__ void {name}(" + ", ".join(params) + ") {\n" + consts + body + "\n}\n}\n")
 
 
-def split_variants():
+def attention_variants():
     for dtype, D, (G, L), (KB, VB), mask in itertools.product(
             ("float16", "bfloat16", "float32"), (64, 128, 256), ((4, 1), (1, 1), (4, 8)),
             ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4)), (0, 1, 2)):
@@ -56,29 +56,30 @@ def split_variants():
         yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
                       ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
                       ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
-                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1)]
+                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1),
+                      ("HAS_SINKS", D == 64)]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
-    parser.add_argument("--every", type=int, default=41, help="compile every n-th split variant")
+    parser.add_argument("--every", type=int, default=41, help="compile every n-th attention variant")
     args = parser.parse_args()
     header = (KERNELS / "common.cuh").read_text()
-    split_body = (KERNELS / "decode_attention_split.cu").read_text()
-    combine_body = (KERNELS / "decode_attention_combine.cu").read_text()
-    from mlx_lm_turbo.kernels.decode_attention import SPLIT_INPUTS
+    attention_body = (KERNELS / "decode_attention.cu").read_text()
+    from mlx_lm_turbo.kernels.decode_attention import INPUTS
 
     units = []
-    variants = list(split_variants())
+    variants = list(attention_variants())
     for dtype, template in (variants[::args.every]):
         types = {"q": dtype, "key_codes": "uint32" if dict(template)["KB"] else dtype,
                  "key_norms": "float16", "value_codes": "uint32", "value_norms": "float16",
                  "sink_keys": dtype, "sink_values": dtype, "sink_pos": "int32", "tail_keys": dtype,
                  "tail_values": dtype, "mask": "bool"}
-        inputs = [(n, types.get(n, "float32")) for n in SPLIT_INPUTS]
-        units.append(wrap("split", split_body, header, inputs,
-                          [("parts", "float32"), ("stats", "float32")], template))
+        inputs = [(n, types.get(n, "float32")) for n in INPUTS]
+        units.append(wrap("attention", attention_body, header, inputs,
+                          [("out", dtype), ("parts", "float32"), ("stats", "float32"),
+                           ("counters", "uint32")], template))
     encode_body = (KERNELS / "encode.cu").read_text()
     for dtype, D, (KB, VB) in list(itertools.product(("float16", "float32"), (64, 128, 256),
                                                      ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:
@@ -90,12 +91,6 @@ def main():
                            ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],
                           [("T", dtype), ("D", D), ("KB", KB), ("VB", VB), ("NW", 4), ("CENTER", True),
                            ("SCALE", D == 64)]))
-    for dtype, D, sinks in list(itertools.product(("float16", "bfloat16"), (64, 128, 256), (False, True)))[::args.every // 8 or 1]:
-        units.append(wrap("combine", combine_body, header,
-                          [("parts", "float32"), ("stats", "float32"), ("v_signs", "float32"),
-                           ("sink_logits", "float32")], [("out", dtype)],
-                          [("T", dtype), ("D", D), ("G", 4), ("L", 1), ("R", 4),
-                           ("CG", max(1, 1024 // D)), ("HQ", 32), ("HAS_SINKS", sinks)]))
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):

@@ -4,18 +4,17 @@ Computes what ``attention.turbo_scaled_dot_product_attention`` computes from the
 same ``TurboKV`` (that portable path is the reference it is tested against), for
 queries of 1 to ``MAX_QUERIES`` tokens, without materialising dequantized K/V:
 
-- ``decode_attention_split.cu``: one block per (slice of the cached tokens, KV
-  head, group of query rows). It rotates the query rows once, reads each token's
-  packed codes and fp16 norms, decodes them against the codebook in shared memory
-  and keeps an online softmax per row; the exact tokens (sink tokens, the current
-  chunk) form one more slice, read from their fp16 copies. Each slice writes its
-  unnormalised output rows and their (max, sum).
-- ``decode_attention_combine.cu``: one block per output row merges the slices
-  (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the row back out of
-  the value rotation and casts it.
+``decode_attention.cu``: one block per (slice of the cached tokens, KV head, group
+of query rows). It rotates the query rows once, reads each token's packed codes
+and fp16 norms, decodes them against the codebook in shared memory and keeps an
+online softmax per row; the exact tokens (sink tokens, the current chunk) form one
+more slice, read from their copies in the model's dtype. Each slice writes its
+unnormalised output rows and their (max, sum); the last slice of a group to finish
+merges them (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the rows
+back out of the value rotation and casts them.
 
-Two launches a layer: on MLX-CUDA each small op of a chained decode step costs
-tens of microseconds (see benchmarks/results for what this measured).
+One launch a layer: on MLX-CUDA each op of a chained decode step costs tens of
+microseconds (benchmarks/results/decode_kernel_h200_*.md).
 """
 
 import math
@@ -34,7 +33,6 @@ MAX_ROW_VALUES = 1024
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
 TARGET_BLOCKS = 512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
-COMBINE_THREADS = 1024
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
 
 
@@ -62,25 +60,18 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
 
 
-SPLIT_INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
-                "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos",
-                "tail_keys", "tail_values", "mask", "scale")
+INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
+          "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos", "tail_keys",
+          "tail_values", "mask", "scale", "v_signs", "sink_logits")
 
 
 @lru_cache(maxsize=None)
-def _kernels():
-    header = source("common.cuh")
-    split = mx.fast.cuda_kernel(
-        name="turbo_decode_split", input_names=list(SPLIT_INPUTS),
-        output_names=["parts", "stats"], source=source("decode_attention_split.cu"),
-        header=header, ensure_row_contiguous=False,
+def _kernel():
+    return mx.fast.cuda_kernel(
+        name="turbo_decode_attention", input_names=list(INPUTS),
+        output_names=["out", "parts", "stats", "counters"], source=source("decode_attention.cu"),
+        header=source("common.cuh"), ensure_row_contiguous=False,
     )
-    combine = mx.fast.cuda_kernel(
-        name="turbo_decode_combine",
-        input_names=["parts", "stats", "v_signs", "sink_logits"],
-        output_names=["out"], source=source("decode_attention_combine.cu"), header=header,
-    )
-    return split, combine
 
 
 def _slices(n_tokens, blocks_per_slice):
@@ -145,37 +136,30 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     n_parts = n_slices + has_exact
     window = getattr(kv, "window", None) or 0
 
-    split, combine = _kernels()
-    parts, stats = split(
-        inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
-                k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
-                tail_keys, tail_values, mask_arg, _scalar(scale)],
-        template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
-                  ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
-                  ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
-                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
-                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window)],
-        grid=(n_parts * 32 * WARPS, B * H * row_groups, 1),
-        threadgroup=(32 * WARPS, 1, 1),
-        output_shapes=[(B * H * row_groups, n_parts, rows, D), (B * H * row_groups, n_parts, rows, 2)],
-        output_dtypes=[mx.float32, mx.float32],
-    )
-
     sink_logits = placeholder(mx.float32)
     if sinks is not None:
         logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
         shift = codec.score_shift(queries, scale)
         if shift is not None:  # centring moved every score by it; move the sink instead
             logits = logits - shift[..., 0]
-        sink_logits = logits * math.log2(math.e)
-    groups = max(1, COMBINE_THREADS // D)
-    (out,) = combine(
-        inputs=[parts, stats, codec.value_rotation.signs, sink_logits],
-        template=[("T", dtype), ("D", D), ("G", G), ("L", L), ("R", rows), ("CG", groups),
-                  ("HQ", n_q_heads), ("HAS_SINKS", sinks is not None)],
-        grid=(D * groups, B * n_q_heads * L, 1),
-        threadgroup=(D * groups, 1, 1),
-        output_shapes=[queries.shape],
-        output_dtypes=[dtype],
+        sink_logits = mx.contiguous(logits * math.log2(math.e))
+    groups = B * H * row_groups
+    out, *_ = _kernel()(
+        inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
+                k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
+                tail_keys, tail_values, mask_arg, _scalar(scale), codec.value_rotation.signs,
+                sink_logits],
+        template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
+                  ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
+                  ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
+                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
+                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window),
+                  ("HAS_SINKS", sinks is not None)],
+        grid=(n_parts * 32 * WARPS, groups, 1),
+        threadgroup=(32 * WARPS, 1, 1),
+        output_shapes=[queries.shape, (groups, n_parts, rows, D), (groups, n_parts, rows, 2),
+                       (groups,)],
+        output_dtypes=[dtype, mx.float32, mx.float32, mx.uint32],
+        init_value=0,  # the slice counters start at zero (the other outputs are written)
     )
     return out
