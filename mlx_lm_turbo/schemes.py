@@ -4,8 +4,9 @@
     none                         compression off
 
 ``turbo4`` is 4-bit keys and values, ``turbo4v2`` 4-bit keys and 2-bit values,
-``turbo0v4`` keeps keys in fp16 and stores 4-bit values. ``-compact`` asks for
-the fused compressed-domain decode kernel where the backend has one.
+``turbo0v4`` keeps keys in fp16 and stores 4-bit values. ``-compact`` (the Swift
+port's name for compressed-domain decode) is accepted and means the same storage:
+this cache never keeps an fp16 copy, and the fused kernels serve every scheme.
 """
 
 import difflib
