@@ -183,13 +183,24 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       } else {
         row = k_exact + k_base + int64_t(t) * key_codes_strides[2];
       }
-#pragma unroll 8
-      for (int d = 0; d < D; ++d) {
-        const float k = to_float(row[d]);
+      auto accumulate = [&](int d, float k) {
         float qd[R];
         load_floats<R>(q_t + d * R, qd);
 #pragma unroll
         for (int r = 0; r < R; ++r) dot[r] += qd[r] * k;
+      };
+      constexpr int CHUNK = 16 / sizeof(T);  // elements in one 16-byte load
+      if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+#pragma unroll 2
+        for (int d0 = 0; d0 < D; d0 += CHUNK) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(row + d0);
+          const T* chunk = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+          for (int c = 0; c < CHUNK; ++c) accumulate(d0 + c, to_float(chunk[c]));
+        }
+      } else {
+#pragma unroll 8
+        for (int d = 0; d < D; ++d) accumulate(d, to_float(row[d]));
       }
       value_norm = EXACT ? 1.0f : to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
     } else {
