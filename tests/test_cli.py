@@ -17,6 +17,8 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from mlx_lm_turbo import make_prompt_cache
 from tiny_models import ARCHITECTURES
 
+pytestmark = pytest.mark.slow  # subprocesses: the quick loop is pytest -m 'not slow'
+
 BIN = Path(sys.executable).parent
 SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo0v4")
 

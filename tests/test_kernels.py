@@ -22,7 +22,6 @@ from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_deco
                                   kernel_mode, layer_support)
 
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the fused kernel runs on MLX's CUDA backend")
 TOLERANCE = 2e-3
 BF16_TOLERANCE = 4e-3
 
@@ -110,7 +109,7 @@ def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
 
 
 # -- on the GPU ------------------------------------------------------------------
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo4v2", "turbo3v2",
                                     "turbo0v4", "turbo0v2", "turbo8v4"])
 def test_every_width_matches_the_portable_path(monkeypatch, scheme):
@@ -119,7 +118,7 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
@@ -129,7 +128,7 @@ def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
     check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("G", [1, 3, 8])
 @pytest.mark.parametrize("L", [1, 2, 8])
 def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
@@ -138,7 +137,7 @@ def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
     check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
 def test_key_calibrations_and_attention_sinks(monkeypatch, calibration):
     cache = filled_cache(TurboQuantKVCache("turbo4", key_calibration=calibration), 900, 4, 64,
@@ -149,7 +148,7 @@ def test_key_calibrations_and_attention_sinks(monkeypatch, calibration):
     check(monkeypatch, q, view, mask, sinks)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
 def test_sliding_window_cache(monkeypatch, scheme):
     cache = filled_cache(TurboQuantRotatingKVCache(scheme, max_size=512), 1500, 2, 128,
@@ -160,7 +159,7 @@ def test_sliding_window_cache(monkeypatch, scheme):
         check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["turbo3", "turbo0v4"])
 def test_batch_rows_of_different_lengths(monkeypatch, scheme):
     singles = [filled_cache(TurboQuantKVCache(scheme), n, 4, 128, mx.float16, seed=n)
@@ -174,14 +173,14 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
         check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
     check(monkeypatch, q, view, mask)
 
 
-@needs_cuda
+@pytest.mark.gpu
 def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
     monkeypatch.setenv(KERNEL_ENV, "auto")
@@ -191,7 +190,7 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monk
     assert fused_decode_attention(q, view, 0.1, mask) is None
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("scheme, calibration", [("turbo4", "center"), ("turbo3", "center+scale"),
                                                  ("turbo2", "none"), ("turbo8v4", "center"),
                                                  ("turbo0v3", None)])

@@ -17,6 +17,8 @@ from mlx_lm_turbo import make_prompt_cache, parse_scheme
 from test_cli import BIN, _free_port
 from tiny_models import ARCHITECTURES
 
+pytestmark = pytest.mark.slow  # subprocesses: the quick loop is pytest -m 'not slow'
+
 
 def test_batch_generate_with_turbo_caches_matches_one_at_a_time(tiny_model, monkeypatch):
     from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
