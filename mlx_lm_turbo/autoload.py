@@ -83,10 +83,10 @@ def load_prompt_cache_with_plugin(original):
 
 def save_prompt_cache_with_plugin(original):
     @functools.wraps(original)
-    def save_prompt_cache(file_name, cache, metadata=None):
+    def save_prompt_cache(file_name, cache, metadata=None, *args, **kwargs):
         from .cache_file import save_prompt_cache as checksummed_save
 
-        return checksummed_save(original, file_name, cache, metadata)
+        return checksummed_save(original, file_name, cache, metadata, *args, **kwargs)
 
     return save_prompt_cache
 

@@ -237,12 +237,13 @@ def check(file_name):
             "saved with them. Make it again with mlx_lm.cache_prompt.")
 
 
-def save_prompt_cache(original, file_name, cache, metadata=None):
-    """mlx-lm's ``save_prompt_cache``, with a checksum of the TurboQuant entries in the metadata."""
+def save_prompt_cache(original, file_name, cache, metadata=None, *args, **kwargs):
+    """mlx-lm's ``save_prompt_cache``, with a checksum of the TurboQuant entries in the metadata
+    (other arguments, such as ones a later mlx-lm adds, passed through)."""
     classes = [type(c).__name__ for c in cache]
     if any(name in TURBO_CLASSES for name in classes):
         metadata = {**(metadata or {}), CHECKSUM_KEY: checksum(classes, [c.state for c in cache])}
-    return original(file_name, cache, metadata)
+    return original(file_name, cache, metadata, *args, **kwargs)
 
 
 def describe(cache):

@@ -74,17 +74,26 @@ def test_the_python_api_refuses_outside_the_range(monkeypatch):
         integration.register_cache_classes()
 
 
-def test_wrappers_pass_every_argument_through():
+def test_wrappers_pass_every_argument_through(tmp_path):
     """An mlx-lm that adds an argument keeps working with the plugin installed."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, save_prompt_cache
+
+    saved = str(tmp_path / "cache.safetensors")  # a real file: loading checks it first
+    kv = KVCache()
+    kv.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.zeros((1, 1, 2, 4)))
+    save_prompt_cache(saved, [kv])
     cache_module = types.ModuleType("mlx_lm.models.cache")
     cache_module.make_prompt_cache = lambda model, max_kv_size=None, *, new_option=None: (model, max_kv_size, new_option)
     cache_module.load_prompt_cache = lambda path, return_metadata=False, *, new_option=None: (path, new_option)
+    cache_module.save_prompt_cache = lambda path, cache, metadata={}, *, new_option=None: (path, new_option)
     command = types.ModuleType("mlx_lm.generate")
     command.main = lambda *args, **kwargs: (args, kwargs)
     attach(cache_module)
     attach(command)
     assert cache_module.make_prompt_cache("m", 8, new_option=1) == ("m", 8, 1)
-    assert cache_module.load_prompt_cache("f", new_option=2) == ("f", 2)
+    assert cache_module.load_prompt_cache(saved, new_option=2) == (saved, 2)
+    assert cache_module.save_prompt_cache("f", [], new_option=4) == ("f", 4)
     assert command.main(["--x"], new_option=3) == ((["--x"],), {"new_option": 3})
 
 
