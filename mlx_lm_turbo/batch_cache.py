@@ -55,7 +55,7 @@ class _BatchStatistics:
         # Rows whose statistics exist, kept on the host: checked on every update,
         # so it must not cost a device sync per decode step.
         self.calibrated = [False] * rows
-        self._prompt_lengths = None
+        self._prompt_end = None  # (B,) where each row's real tokens end in a right-padded prefill
 
     @staticmethod
     def _joining(caches):
@@ -98,11 +98,15 @@ class _BatchStatistics:
 
     def _real_tokens(self, n):
         """(B, n) bool: which of an incoming chunk's n tokens are real, not padding."""
-        position = self._idx + mx.arange(n)
+        position = self._tokens_seen() + mx.arange(n)
         valid = position[None] >= self.left_padding[:, None]
-        if self._prompt_lengths is not None:  # a right-padded prefill
-            valid = valid & (mx.arange(n)[None] < self._prompt_lengths[:, None])
+        if self._prompt_end is not None:  # a right-padded prefill, maybe fed in several chunks
+            valid = valid & (position[None] < self._prompt_end[:, None])
         return valid
+
+    def _expect_prompt(self, lengths):
+        """A right-padded prefill of ``lengths`` real tokens per row starts now."""
+        self._prompt_end = None if lengths is None else mx.array(lengths) + self._tokens_seen()
 
     def _filter_statistics(self, batch_indices):
         if self.codec is not None and self.codec.key_mean is not None:
@@ -244,12 +248,15 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self.left_padding = self.left_padding + left_padding
             self.offset = self.offset - left_padding
         if lengths is not None:
-            self._prompt_lengths = mx.array(lengths)
+            self._expect_prompt(lengths)
         if right_padding is not None and max(right_padding) > 0:
             self._right_padding = mx.array(right_padding)
 
+    def _tokens_seen(self):
+        return self._idx
+
     def finalize(self):
-        self._prompt_lengths = None
+        self._prompt_end = None
         if self._right_padding is not None:
             padding = self._right_padding
             self.stored = tuple(dynamic_roll(a, padding[:, None], axis=2) for a in self.stored)
@@ -406,11 +413,14 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
         if lengths is not None:
-            self._prompt_lengths = mx.array(lengths)
+            self._expect_prompt(lengths)
         BatchRotatingKVCache.prepare(self, left_padding=left_padding, lengths=lengths, right_padding=right_padding)
 
+    def _tokens_seen(self):
+        return self._offset
+
     def finalize(self):
-        self._prompt_lengths = None
+        self._prompt_end = None
         BatchRotatingKVCache.finalize(self)
 
     def filter(self, batch_indices):

@@ -177,3 +177,39 @@ def test_a_cache_in_its_uncompressed_start_is_compressed_when_it_joins_a_batch(r
     assert cache.uncompressed is None and cache.codec is not None
     assert cache.offset == 40  # positions are kept (RoPE continues from here)
     assert batch.offset.tolist()[0] == 40
+
+
+@pytest.mark.parametrize("lengths, step", [([10, 2, 7], 4), ([10, 2], 5)])
+def test_right_padded_prefill_in_several_chunks_equals_single_sequences(lengths, step):
+    # mlx-lm's batch prompt processing feeds a right-padded batch in prefill_step_size chunks.
+    seqs = sequences(lengths)
+    batch = TurboQuantKVCache.merge([TurboQuantKVCache("turbo4") for _ in seqs])
+    width = max(lengths)
+    batch.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+    keys, values = (right_padded([s[j] for s in seqs], lengths) for j in (0, 1))
+    for start in range(0, width, step):
+        batch.update_and_fetch(keys[:, :, start:start + step], values[:, :, start:start + step])
+    batch.finalize()
+    real = [batch._idx - p for p in batch.left_padding.tolist()]
+    _, _, positions = batch._sink_view()
+    for row, count in enumerate(batch.sink_counts):
+        assert all(batch.left_padding.tolist()[row] <= p < batch._idx
+                   for p in positions[row, 0, :count, 0].tolist())
+        assert count == min(real[row], TurboQuantKVCache.sink_tokens)
+    outs = []
+    for step_ in range(DECODE):
+        pick = lambda j: mx.concatenate([s[j][:, :, n + step_:n + step_ + 1] for s, n in zip(seqs, lengths)])
+        mask = batch.make_mask(1, return_array=True)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        outs.append(turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask))
+    out = mx.concatenate(outs, axis=2)
+    for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
+        single = TurboQuantKVCache("turbo4")
+        for start in range(0, n, step):  # the same chunks, so the same key statistics
+            end = min(start + step, n)
+            single.update_and_fetch(k[:, :, start:end], v[:, :, start:end])
+        expected = []
+        for t in range(n, n + DECODE):
+            view, _ = single.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
+            expected.append(turbo_scaled_dot_product_attention(q[:, :, t:t + 1], view, D**-0.5, None))
+        assert mx.array_equal(out[i:i + 1], mx.concatenate(expected, axis=2)).item(), i
