@@ -25,18 +25,24 @@ class TurboKV:
 
     ``stored`` holds the compressed arrays of every token attended to, or None
     when the current chunk is all there is; ``new_keys``/``new_values`` hold
-    the current chunk (the last tokens) exactly, already in the rotated,
-    calibrated domain; ``sinks`` (keys, values, positions) the sequences' first
-    tokens exactly, and where they sit on the token axis, (B or 1, 1, S, 1).
+    the last ``n_exact`` tokens exactly, already in the rotated, calibrated
+    domain; ``sinks`` (keys, values, positions) the sequences' first tokens
+    exactly, and where they sit on the token axis, (B or 1, 1, S, 1) (a batch
+    row's unfilled slot points at the last token, which the exact tail holds).
+
+    Which keys a query reads exactly: query i of L sits at position
+    p_i = T - L + i; key t is read exact if it is a sink, or if
+    t >= T - n_exact and t > p_i - window (window None = no limit: the whole
+    exact tail); otherwise from the compressed store.
     Models pass it through to ``scaled_dot_product_attention`` untouched.
     """
 
-    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks")
+    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks", "window")
 
-    def __init__(self, codec, stored, new_keys=None, new_values=None, sinks=None):
+    def __init__(self, codec, stored, new_keys=None, new_values=None, sinks=None, window=None):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
-        self.sinks = sinks
+        self.sinks, self.window = sinks, window
 
     @property
     def shape(self):

@@ -1,3 +1,5 @@
+import copy
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.base import create_causal_mask
@@ -5,6 +7,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.cache import TurboKV
 
 from conftest import outlier_keys, relative_error
 
@@ -115,3 +118,95 @@ def test_rotating_window_prefill_and_decode():
 def test_half_precision_models(dtype):
     queries, keys, values = inputs(128, 1, dtype=dtype)
     assert run_both("turbo8", queries, keys, values, None) < 0.04
+
+
+
+def whole_history_attention(queries, view, scale, mask, sinks=None):
+    """The path before blockwise attention, in float32: dequantize every key, overwrite
+    the exact rows (the whole exact tail: window None), one fused SDPA. (In float16
+    that path is itself ~2e-3 from this, its own rounding; blockwise runs in float32.)"""
+    codec = copy.copy(view.codec)
+    codec.dtype = mx.float32
+    f32 = lambda a: None if a is None else a.astype(mx.float32)
+    sink_tokens = None if view.sinks is None else (*map(f32, view.sinks[:2]), view.sinks[2])
+    keys, values = TurboKV(codec, view.stored, f32(view.new_keys), f32(view.new_values), sink_tokens).keys_and_values()
+    dtype, queries = queries.dtype, queries.astype(mx.float32)
+    if isinstance(mask, mx.array) and mask.dtype != mx.bool_:
+        mask = mask.astype(mx.float32)
+    shift = codec.score_shift(queries, scale) if sinks is not None else None
+    if shift is not None:  # fold the centring shift into the mask, as a score offset
+        shift = shift.astype(queries.dtype)
+        if isinstance(mask, str):
+            mask = create_causal_mask(queries.shape[2], keys.shape[2] - queries.shape[2])
+        if mask is None:
+            mask = shift
+        elif mask.dtype == mx.bool_:
+            mask = mx.where(mask, shift, mx.finfo(shift.dtype).min)
+        else:
+            mask = mask.astype(shift.dtype) + shift
+    out = mx.fast.scaled_dot_product_attention(codec.prepare_queries(queries), keys, values, scale=scale,
+                                               mask=mask, sinks=sinks)
+    return codec.restore_output(out).astype(dtype)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 16 keys, so short test histories span many blocks."""
+    import mlx_lm_turbo.attention as attention
+
+    monkeypatch.setattr(attention, "DECODE_BLOCK_TOKENS", 16)
+    monkeypatch.setattr(attention, "PREFILL_BLOCK_SCORES", 16)
+    monkeypatch.setattr(attention, "_MIN_BLOCK_TOKENS", 16)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "window"])
+@pytest.mark.parametrize("n_q_heads", [2, 8])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32])
+def test_blockwise_equals_whole_history(small_blocks, mask_kind, n_q_heads, with_sinks, dtype):
+    T, L = 150, 1 if mask_kind == "none" else 37
+    queries, keys, values = inputs(T, L, n_q_heads=n_q_heads, dtype=dtype)
+    bool_mask = create_causal_mask(L, T - L)
+    mask = {
+        "none": None, "causal": "causal", "bool": bool_mask,
+        "additive": mx.where(bool_mask, 0.0, -1e9).astype(dtype), "window": create_causal_mask(L, T - L, window_size=50),
+    }[mask_kind]
+    sinks = mx.linspace(-1.0, 3.0, n_q_heads) if with_sinks else None
+    cache = TurboQuantKVCache("turbo4")
+    cache.update_and_fetch(keys[:, :, :T - L], values[:, :, :T - L])
+    view, _ = cache.update_and_fetch(keys[:, :, T - L:], values[:, :, T - L:])
+    got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask, sinks)
+    assert got.dtype == dtype
+    assert relative_error(got, whole_history_attention(queries, view, D**-0.5, mask, sinks)) < 1e-3
+
+
+@pytest.mark.parametrize("L", [1, 9])
+def test_blockwise_batch_rows_with_left_padding_and_sink_tokens(small_blocks, L):
+    from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
+    from mlx_lm_turbo.schemes import parse_scheme
+
+    lengths = [70, 3, 41]  # one row with fewer real tokens than sink slots
+    seqs = [inputs(n + L, L, seed=i, dtype=mx.float16) for i, n in enumerate(lengths)]
+    batch = TurboQuantBatchKVCache(parse_scheme("turbo4"), [max(lengths) - n for n in lengths])
+    pad = lambda a, n: mx.pad(a, [(0, 0), (0, 0), (max(lengths) - n, 0), (0, 0)])
+    batch.update_and_fetch(mx.concatenate([pad(k[:, :, :n], n) for (_, k, _), n in zip(seqs, lengths)]),
+                           mx.concatenate([pad(v[:, :, :n], n) for (_, _, v), n in zip(seqs, lengths)]))
+    mask = batch.make_mask(L, return_array=True)
+    view, _ = batch.update_and_fetch(mx.concatenate([k[:, :, n:] for (_, k, _), n in zip(seqs, lengths)]),
+                                     mx.concatenate([v[:, :, n:] for (_, _, v), n in zip(seqs, lengths)]))
+    queries = mx.concatenate([q for q, _, _ in seqs])
+    got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
+    assert relative_error(got, whole_history_attention(queries, view, D**-0.5, mask)) < 1e-3
+
+
+@pytest.mark.parametrize("L", [1, 12])
+def test_blockwise_rotating_window(small_blocks, L):
+    queries, keys, values = inputs(120, L, dtype=mx.float16)
+    cache = TurboQuantRotatingKVCache("turbo4", 48, 0)
+    cache.update_and_fetch(keys[:, :, :60], values[:, :, :60])
+    for t in range(60, 120 - L):  # the ring wraps
+        cache.update_and_fetch(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+    mask = cache.make_mask(L, window_size=48)
+    view, _ = cache.update_and_fetch(keys[:, :, 120 - L:], values[:, :, 120 - L:])
+    got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
+    assert relative_error(got, whole_history_attention(queries, view, D**-0.5, mask)) < 1e-3
