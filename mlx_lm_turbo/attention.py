@@ -23,8 +23,10 @@ from .codec import dequantize_rotated
 # CPU float32 matmuls are several times faster than float16 ones.
 _COMPUTE_DTYPE = mx.float32
 # Largest key block at decode, and the score elements (queries x keys) a block may
-# hold during prefill: measured on CPU (benchmarks/decode_attention.py --blocks).
-DECODE_BLOCK_TOKENS = 2048
+# hold during prefill. Peak memory grows with the block (~50 KiB a token at 8 KV heads
+# of 128 dims) while speed barely moves from 256 to 4096 tokens on CPU
+# (benchmarks/decode_attention.py --blocks; results in benchmarks/results/).
+DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << 24
 _MIN_BLOCK_TOKENS = 128
 # Where a key is invisible. Finite, so a block whose keys are all invisible merges
