@@ -100,7 +100,7 @@ def header():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384, 65536])
     parser.add_argument("--schemes", nargs="+", default=["turbo4"])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)

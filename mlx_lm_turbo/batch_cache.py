@@ -384,8 +384,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     @classmethod
     def merge(cls, caches):
         first = cls._joining(caches)
-        if any(c.keep for c in caches):
-            raise ValueError("Batched sliding-window caches need keep=0 (as mlx-lm's).")
+        # Kept tokens join the batch ring as ordinary ones, as in mlx-lm's batch form.
         shims = []
         for c in caches:
             shim = RotatingKVCache(c.max_size, c.keep)

@@ -9,7 +9,7 @@ from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
 from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
 
-from conftest import outlier_keys
+from conftest import outlier_keys, relative_error
 
 H, D, HQ = 2, 64, 4
 LENGTHS = [20, 7, 13]
@@ -213,3 +213,30 @@ def test_right_padded_prefill_in_several_chunks_equals_single_sequences(lengths,
             view, _ = single.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
             expected.append(turbo_scaled_dot_product_attention(q[:, :, t:t + 1], view, D**-0.5, None))
         assert mx.array_equal(out[i:i + 1], mx.concatenate(expected, axis=2)).item(), i
+
+
+def test_rotating_caches_with_kept_tokens_batch_like_mlx_lm():
+    # mlx-lm builds RotatingKVCache(max_kv_size, keep=4) for models without make_cache;
+    # its BatchRotatingKVCache merges them (the batch ring has no kept slots).
+    from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache
+
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
+
+    max_size, keep, lengths = 16, 4, [20, 7, 13]
+    seqs = sequences(lengths)
+    turbo = [TurboQuantRotatingKVCache("turbo8", max_size, keep) for _ in seqs]
+    plain = [RotatingKVCache(max_size, keep) for _ in seqs]
+    for (k, v, _), n, t, p in zip(seqs, lengths, turbo, plain):
+        t.update_and_fetch(k[:, :, :n], v[:, :, :n])
+        p.update_and_fetch(k[:, :, :n], v[:, :, :n])
+    batch, reference = TurboQuantRotatingKVCache.merge(turbo), BatchRotatingKVCache.merge(plain)
+    for step in range(DECODE):  # the windows wrap
+        pick = lambda j: mx.concatenate([s[j][:, :, n + step:n + step + 1] for s, n in zip(seqs, lengths)])
+        mask = batch.make_mask(1, window_size=max_size)
+        assert (mask is None) == (reference.make_mask(1, window_size=max_size) is None)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        got = turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask)
+        keys, values = reference.update_and_fetch(pick(0), pick(1))
+        expected = mx.fast.scaled_dot_product_attention(pick(2), keys, values, scale=D**-0.5, mask=mask)
+        assert relative_error(got, expected) < 0.02, step
+    assert batch.offset.tolist() == reference.offset.tolist()
