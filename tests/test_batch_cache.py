@@ -240,3 +240,23 @@ def test_rotating_caches_with_kept_tokens_batch_like_mlx_lm():
         expected = mx.fast.scaled_dot_product_attention(pick(2), keys, values, scale=D**-0.5, mask=mask)
         assert relative_error(got, expected) < 0.02, step
     assert batch.offset.tolist() == reference.offset.tolist()
+
+
+def test_batch_generate_with_max_kv_size(tiny_model, monkeypatch):
+    # qwen3 has no make_cache: max_kv_size gives RotatingKVCache(keep=4) per layer
+    from mlx_lm import load
+    from mlx_lm.generate import batch_generate
+
+    import mlx_lm_turbo.settings as settings
+    from mlx_lm_turbo import parse_scheme
+    from mlx_lm_turbo.batch_cache import TurboQuantBatchRotatingKVCache
+
+    model, tokenizer = load(str(tiny_model("qwen3")))
+    monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=0))
+    merged = []
+    original = TurboQuantBatchRotatingKVCache.merge.__func__
+    monkeypatch.setattr(TurboQuantBatchRotatingKVCache, "merge",
+                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    prompts = [tokenizer.encode(t) for t in ("hello there, how are you today my friend", "a b c")]
+    texts = batch_generate(model, tokenizer, prompts, max_tokens=12, max_kv_size=8).texts
+    assert merged and max(merged) == 2 and len(texts) == 2
