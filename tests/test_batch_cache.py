@@ -14,6 +14,23 @@ from conftest import outlier_keys, relative_error
 H, D, HQ = 2, 64, 4
 LENGTHS = [20, 7, 13]
 DECODE = 6
+# On CPU a row's result does not depend on the batch shape around it: batched results
+# must equal single ones bit for bit. GPU backends (MLX-CUDA, Metal) choose kernels,
+# tiles and reduction orders by shape and do not promise bitwise equality across
+# shapes: there floats must agree within a few fp16 roundings (5e-3 relative), and a
+# packed code may flip to the neighbouring level where an input sits on a boundary
+# (at most 1% of the words). Data only moved between caches is compared exactly.
+BIT_EXACT = mx.default_device().type == mx.cpu
+
+
+def assert_same(got, expected):
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    if BIT_EXACT:
+        assert mx.array_equal(got, expected).item()
+    elif got.dtype == mx.uint32:
+        assert (got == expected).astype(mx.float32).mean().item() >= 0.99
+    else:
+        assert relative_error(got, expected) < 5e-3
 
 
 def sequences(lengths=LENGTHS):
@@ -64,12 +81,12 @@ def test_batched_prefill_and_decode_equal_single_sequences(scheme, calibration):
     batch, out = batch_run(seqs, scheme, calibration)
     for i, ((k, v, q), n) in enumerate(zip(seqs, LENGTHS)):
         single, expected = single_run(k, v, q, n, scheme, calibration)
-        assert mx.array_equal(out[i:i + 1], expected).item()
+        assert_same(out[i:i + 1], expected)
         # extract gives back the very same compressed data as the single cache
         extracted = batch.extract(i)
         assert extracted.offset == single.offset == n + DECODE
         for a, b in zip((*extracted._stored_slice(), *extracted.sinks), (*single._stored_slice(), *single.sinks)):
-            assert mx.array_equal(a, b).item()
+            assert_same(a, b)
     assert batch.offset.tolist() == [n + DECODE for n in LENGTHS]
     assert batch.nbytes == sum(a.nbytes for a in (*batch.stored, *batch.sinks))
 
@@ -81,9 +98,9 @@ def test_rows_shorter_than_the_sink_tokens_fill_them_while_decoding():
     assert batch.sink_counts == [min(n + DECODE, TurboQuantKVCache.sink_tokens) for n in lengths]
     for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
         single, expected = single_run(k, v, q, n, "turbo4", None)
-        assert mx.array_equal(out[i:i + 1], expected).item()
+        assert_same(out[i:i + 1], expected)
         for a, b in zip(batch.extract(i).sinks, single.sinks):
-            assert mx.array_equal(a, b).item()
+            assert_same(a, b)
 
 
 def test_merge_filter_extend_keep_compressed_history_bit_exact():
@@ -116,7 +133,7 @@ def test_batch_of_empty_caches_then_extend_with_a_new_request():
     batch.extend(newcomer)
     single, _ = single_run(*seqs[2], LENGTHS[2], "turbo4", None)
     for a, b in zip(batch.extract(2)._stored_slice(), single._stored_slice()):
-        assert mx.array_equal(a, b).item()
+        assert_same(a, b)
 
 
 def rotating_single(k, v, q, n, scheme, max_size, decode):
@@ -212,7 +229,7 @@ def test_right_padded_prefill_in_several_chunks_equals_single_sequences(lengths,
         for t in range(n, n + DECODE):
             view, _ = single.update_and_fetch(k[:, :, t:t + 1], v[:, :, t:t + 1])
             expected.append(turbo_scaled_dot_product_attention(q[:, :, t:t + 1], view, D**-0.5, None))
-        assert mx.array_equal(out[i:i + 1], mx.concatenate(expected, axis=2)).item(), i
+        assert_same(out[i:i + 1], mx.concatenate(expected, axis=2))
 
 
 def test_rotating_caches_with_kept_tokens_batch_like_mlx_lm():

@@ -154,7 +154,12 @@ def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
     cache = fill(TurboQuantKVCache(scheme), keys, values, chunk=256)
     mx.clear_cache()
     held = mx.get_active_memory() - before
-    assert abs(held - cache.nbytes) < 32 * 1024, (held, cache.nbytes)  # a pinned chunk: 256 KiB
+    # A pinned chunk would be 256 KiB. The CPU allocator counts each buffer's bytes; a
+    # GPU allocator rounds each buffer up to its page (16 KiB on MLX-CUDA) or pools small
+    # ones, so there each array held may count up to a page more.
+    arrays = [a for a in cache.state if isinstance(a, mx.array)]
+    slack = 32 * 1024 + (0 if mx.default_device().type == mx.cpu else 16 * 1024 * len(arrays))
+    assert -32 * 1024 < held - cache.nbytes < slack, (held, cache.nbytes)
 
 
 def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
