@@ -154,9 +154,9 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
 
     # Sink tokens in the history: exact keys at their own positions, the compressed
     # copies there masked out. Those in the exact tail are read from it.
-    sink_positions = None
-    if kv.sinks is not None and history_end > 0:
-        sink_keys, sink_values, sink_positions = kv.sinks
+    sink_positions = None if kv.sinks is None else kv.sinks[2]
+    if sink_positions is not None and history_end > 0:
+        sink_keys, sink_values, _ = kv.sinks
         positions = sink_positions[:, 0, :, 0]  # (B|1, S)
         in_history = positions < history_end
         visible = mx.broadcast_to(in_history[:, None, None, None, :], (B, 1, 1, L, positions.shape[1]))
@@ -200,8 +200,9 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
         keys, values = _dequantize(codec, kv.stored, start, end)
         keys_at = mx.arange(start, end)
         exact = (keys_at[None] > query_positions[:, None] - window)[None, None, None]
-        if sink_positions is not None:
-            exact = exact | (sink_positions[:, 0, :, 0, None] == keys_at).any(axis=1)[:, None, None, None, :]
+        sink = is_sink(start, end)
+        if sink is not None:
+            exact = exact | sink
         scores = mx.where(exact, scores, state.scores(keys))
         state.add(_masked(scores, block_mask), values, exact, exact_values)
 
