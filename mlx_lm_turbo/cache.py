@@ -23,12 +23,13 @@ from .schemes import parse_scheme
 class TurboKV:
     """Keys and values as a turbo cache hands them to attention.
 
-    ``stored`` holds the compressed arrays of every token attended to, or None
-    when the current chunk is all there is; ``new_keys``/``new_values`` hold
-    the last ``n_exact`` tokens exactly, already in the rotated, calibrated
-    domain; ``sinks`` (keys, values, positions) the sequences' first tokens
-    exactly, and where they sit on the token axis, (B or 1, 1, S, 1) (a batch
-    row's unfilled slot points at the last token, which the exact tail holds).
+    ``stored`` holds the compressed arrays of every token attended to;
+    ``new_keys``/``new_values`` hold the last ``n_exact`` tokens exactly (or
+    None), already in the rotated, calibrated domain; ``sinks`` (keys, values,
+    positions) tokens held exactly elsewhere on the token axis, and where they
+    sit, (B or 1, 1, S, 1): the sequences' first tokens (a batch row's unfilled
+    slot points at the last token, which the exact tail holds), or in a sliding
+    window's ring at decode its newest token.
 
     Which keys a query reads exactly: query i of L sits at position
     p_i = T - L + i; key t is read exact if it is a sink, or if
@@ -98,7 +99,7 @@ class _TurboCache:
     # their quantization error reaches every step: this many are kept exact, and the
     # key statistics are measured on them (see _calibrate), so they never depend on
     # how the prompt was chunked or on what a prompt cache reused.
-    sink_tokens = 32
+    sink_tokens = 16
     # Each query reads its own key exactly; every other key but the sink tokens is
     # read compressed, whatever the chunking (TurboKV.window).
     exact_window = 1

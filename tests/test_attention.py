@@ -74,8 +74,7 @@ def test_equivalent_masks_give_identical_output():
 def test_error_grows_as_bits_drop():
     queries, keys, values = inputs(256, 1)
     errors = [run_both(s, queries, keys, values, None) for s in ("turbo8", "turbo4", "turbo3", "turbo2")]
-    # (turbo2: 0.63 with key statistics from the 32 sink tokens of these harsh keys)
-    assert errors == sorted(errors) and errors[0] < 0.02 and errors[-1] < 0.7
+    assert errors == sorted(errors) and errors[0] < 0.02 and errors[-1] < 0.6
 
 
 @pytest.mark.parametrize("calibration", ["center", "center+scale"])
@@ -84,8 +83,9 @@ def test_attention_sinks_with_centred_keys(mask, calibration):
     L = 1 if mask is None else 16
     queries, keys, values = inputs(128, L)
     sinks = mx.array([0.5, 3.0, -1.0, 2.0])
-    # keys carry a large common offset, so a missing score shift would be visible
-    assert run_both("turbo8", queries, keys, values, mask, sinks=sinks, key_calibration=calibration) < 0.02
+    # keys carry a large common offset, so a missing score shift would be visible (0.37
+    # here); what is left is 8-bit error on keys centred by the 16 sink tokens' mean
+    assert run_both("turbo8", queries, keys, values, mask, sinks=sinks, key_calibration=calibration) < 0.04
 
 
 @pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from mlx_lm_turbo import make_prompt_cache
 
-PROMPT = [(7 * i + 3) % 250 + 5 for i in range(70)]  # longer than the 32 sink tokens
+PROMPT = [(7 * i + 3) % 250 + 5 for i in range(70)]  # longer than the 16 sink tokens
 STEPS = 8
 # The same keys and values reach every query whatever the chunking; only float32
 # summation order differs with the chunk's shape (matmul shapes, where the exact tail
@@ -39,7 +39,7 @@ def test_generate_is_the_same_for_every_prefill_step_size(tiny_model, arch):
         assert (p - logprobs).abs().max().item() < ROUNDING, step
 
 
-@pytest.mark.parametrize("shared", [20, 50])  # shorter and longer than the sink tokens
+@pytest.mark.parametrize("shared", [10, 50])  # shorter and longer than the sink tokens
 def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, shared):
     # The server's prompt cache: a cache of another prompt, trimmed to the shared
     # prefix (a deep copy), then the rest of this prompt.
