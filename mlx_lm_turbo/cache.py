@@ -51,27 +51,6 @@ class TurboKV:
         tokens = self.stored[0] if self.stored is not None else self.new_keys
         return (*tokens.shape[:3], self.codec.key_dim)
 
-    def keys_and_values(self):
-        if self.stored is None:
-            return self.new_keys, self.new_values
-        keys, values = self.codec.decode(self.stored)
-        # Rows kept exact overwrite their dequantized copies: the sink tokens, then
-        # the chunk (which wins where they meet). The dequantized arrays are fresh,
-        # so this writes in place where a concatenation would copy the layer's K/V
-        # once more. fp16 keys are stored exactly already.
-        exact_keys = bool(self.codec.scheme.key_bits)
-        if self.sinks is not None:
-            sink_keys, sink_values, positions = self.sinks
-            if exact_keys:
-                keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
-            values = mx.put_along_axis(values, positions, sink_values, axis=2)
-        if self.new_keys is not None:
-            n = self.new_keys.shape[2]
-            if exact_keys:
-                keys[..., -n:, :] = self.new_keys
-            values[..., -n:, :] = self.new_values
-        return keys, values
-
 
 def _install_attention_dispatch():
     # Whatever built this cache (make_prompt_cache, a loaded file, user code),

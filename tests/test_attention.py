@@ -7,7 +7,6 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache import TurboKV
 
 from conftest import outlier_keys, relative_error
 
