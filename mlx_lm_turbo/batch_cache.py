@@ -362,7 +362,8 @@ class TurboQuantBatchKVCache(_BatchStatistics):
 
     @property
     def nbytes(self):
-        return sum(a.nbytes for a in (*(self.stored or ()), *(self.sinks or ())))
+        arrays = (*(self.stored or ()), *(self.sinks or ()), *TurboQuantKVCache._converted_sink_arrays(self))
+        return sum(a.nbytes for a in arrays)
 
     @property
     def state(self):

@@ -167,6 +167,10 @@ class _TurboCache:
         self.sinks = new if self.sinks is None else tuple(
             mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
 
+    def _converted_sink_arrays(self):
+        cached = getattr(self, "_converted_sinks", None)
+        return [] if cached is None else list(cached[1])
+
     def _attention_sinks(self):
         """The sink tokens in the attention domain, converted once per codec and sink set."""
         key = (self.codec, self.sinks)
@@ -216,7 +220,7 @@ class _TurboCache:
 
     @property
     def nbytes(self):
-        arrays = list(self.stored or ()) + list(self.sinks or ())
+        arrays = list(self.stored or ()) + list(self.sinks or ()) + self._converted_sink_arrays()
         if self.codec is not None:
             arrays += [a for a in (self.codec.key_mean, self.codec.key_scale) if a is not None]
         total = sum(a.nbytes for a in arrays)

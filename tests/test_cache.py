@@ -39,8 +39,9 @@ def fill(cache, keys, values, chunk=512):
     return cache
 
 
-# The 16 exact sink tokens add 0.4% of fp16 at 4096 tokens.
-@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.263), ("turbo3", 0.201), ("turbo2", 0.138)])
+# The 16 exact sink tokens, held as given and in the attention domain, add 0.8% of fp16
+# at 4096 tokens.
+@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.267), ("turbo3", 0.205), ("turbo2", 0.142)])
 def test_nbytes_of_4096_tokens_against_fp16(scheme, limit):
     keys, values = kv(4096)
     fp16 = fill(KVCache(), keys, values)
