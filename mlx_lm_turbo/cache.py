@@ -364,14 +364,14 @@ class TurboQuantRotatingKVCache(_TurboCache):
 
     sink_tokens = 0  # a window's first tokens leave it
 
-    def _calibrate_on_first_chunk(self, keys):
-        # Without sink tokens the statistics come from the first chunk compressed.
-        self.codec.calibrate(mx.concatenate(keys, axis=2) if len(keys) > 1 else keys[0])
-
     def __init__(self, scheme, max_size, keep=0, **kwargs):
         super().__init__(scheme, **kwargs)
         self.max_size, self.keep = max_size, keep
         self._idx = 0
+
+    def _calibrate_on_first_chunk(self, keys):
+        # Without sink tokens the statistics come from the first chunk compressed.
+        self.codec.calibrate(mx.concatenate(keys, axis=2) if len(keys) > 1 else keys[0])
 
     _temporal_order = RotatingKVCache._temporal_order
     _trim = RotatingKVCache._trim
