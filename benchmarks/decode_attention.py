@@ -124,12 +124,13 @@ def main():
     emit(f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
          f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
          f"{attention.PREFILL_BLOCK_SCORES} scores")
-    emit()
-    emit(f"Decode ({args.steps} steps after a warm-up)")
-    emit()
-    emit("| cache | context | block | ms/step | speed vs fp16 | cache MiB | peak MiB above caches | peak / cache |")
-    emit("|---|---:|---:|---:|---:|---:|---:|---:|")
     default_block = attention.DECODE_BLOCK_TOKENS
+    if args.contexts:
+        emit()
+        emit(f"Decode ({args.steps} steps after a warm-up)")
+        emit()
+        emit("| cache | context | block | ms/step | speed vs fp16 | cache MiB | peak MiB above caches | peak / cache |")
+        emit("|---|---:|---:|---:|---:|---:|---:|---:|")
     for context in args.contexts:
         fp16_seconds = None
         runs = [("fp16", None)] + [(s, b) for s in args.schemes for b in (args.blocks or [default_block])]

@@ -22,13 +22,14 @@ from .codec import dequantize_rotated
 # Scores and softmax run in float32: exact enough for every model dtype, and on
 # CPU float32 matmuls are several times faster than float16 ones.
 _COMPUTE_DTYPE = mx.float32
-# Largest key block at decode, and the score elements (queries x keys) a block may
-# hold during prefill. Peak memory grows with the block (~50 KiB a token at 8 KV heads
-# of 128 dims) while speed barely moves from 256 to 4096 tokens on CPU
-# (benchmarks/decode_attention.py --blocks; results in benchmarks/results/).
+# Largest key block at decode, and the score elements (queries x keys, 8 MiB in
+# float32) a block may hold during prefill. Peak memory grows with the block (decode:
+# ~50 KiB a token at 8 KV heads of 128 dims; a 1K-query chunk: 640 MiB at 2^24 score
+# elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
+# --blocks; benchmarks/results/decode_attention_blockwise_cpu.md).
 DECODE_BLOCK_TOKENS = 512
-PREFILL_BLOCK_SCORES = 1 << 24
-_MIN_BLOCK_TOKENS = 128
+PREFILL_BLOCK_SCORES = 1 << 21
+_MIN_BLOCK_TOKENS = 16
 # Where a key is invisible. Finite, so a block whose keys are all invisible merges
 # as zero weight instead of NaN once any visible key follows.
 _INVISIBLE = -1e30
@@ -115,6 +116,14 @@ class _OnlineSoftmax:
         B, Hkv, G, L, t = weights.shape
         return (weights.reshape(B, Hkv, G * L, t) @ values).reshape(B, Hkv, G, L, -1)
 
+    def settle(self):
+        """Evaluate the merge so far when a block's scores are large (a prefill chunk):
+        left lazy, MLX evaluates every block's scores before merging any, and a chunk's
+        memory grows with the context. At decode the blocks are small and this would
+        only add a sync per block."""
+        if self.shape[3] > 1:
+            mx.eval(self.max, self.sum, self.output)
+
     def result(self):
         return self.output / self.sum
 
@@ -185,6 +194,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
         scores = _masked(state.scores(keys), _mask_block(mask, query_positions, start, end, Hkv),
                          None if sink is None else ~sink)
         state.add(scores, values)
+        state.settle()
 
     # The exact tail: read exactly within each query's window, compressed beyond it.
     window = kv.window
@@ -196,6 +206,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
         scores = state.scores(exact_keys)
         if window is None or start > T - 1 - window:  # every query reads this block exactly
             state.add(_masked(scores, block_mask), exact_values)
+            state.settle()
             continue
         keys, values = _dequantize(codec, kv.stored, start, end)
         keys_at = mx.arange(start, end)
@@ -205,6 +216,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
             exact = exact | sink
         scores = mx.where(exact, scores, state.scores(keys))
         state.add(_masked(scores, block_mask), values, exact, exact_values)
+        state.settle()
 
     return codec.restore_output(state.result().reshape(B, Hq, L, -1)).astype(queries.dtype)
 
