@@ -53,3 +53,33 @@ def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, sh
     cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), 2048)
     assert got[0] == cold[0]
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
+
+
+def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
+    # The report: the next request reuses a prefix from the prompt cache that
+    # ends inside a message (where the server's own prefill would not split the prompt);
+    # its answer, down to the log-probabilities, must be the cold one. (turbo2 on every
+    # layer: before the rule these moved by 0.07-0.08; now by one fp16 rounding.)
+    from test_server import Server
+
+    def ask(server, content, max_tokens):
+        messages = [{"role": "user", "content": content}]
+        reply = server.ask("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
+                                                    "temperature": 0.0, "logprobs": True})
+        return reply["choices"][0]["logprobs"]["content"]
+
+    question = "Explain photosynthesis to a child of seven, briefly and kindly, in two sentences."
+    answers = []
+    for history in ([], [question[:40] + " the sea."], ["hi", question[:60] + " at length."]):
+        server = Server(tiny_model("llama"), "--kv-scheme", "turbo2", "--turbo-boundary-skip", "0")
+        try:
+            for earlier in history:
+                ask(server, earlier, 6)
+            content = ask(server, question, 12)
+            answers.append(([t["id"] for t in content], mx.array([t["logprob"] for t in content])))
+        finally:
+            server.stop()
+    cold_tokens, cold_logprobs = answers[0]
+    for tokens, logprobs in answers[1:]:
+        assert tokens == cold_tokens
+        assert (logprobs - cold_logprobs).abs().max().item() < ROUNDING
