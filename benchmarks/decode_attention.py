@@ -1,27 +1,36 @@
-"""Decode-step attention over a stack of layers: fp16 cache vs the portable turbo path.
+"""Attention over a stack of layers: fp16 cache vs the portable turbo path, decode and prefill.
 
-Each step appends one token to every layer's cache and attends through mlx-lm's
-``scaled_dot_product_attention`` (the turbo path dequantizes the compressed K/V
-in the rotated domain), each layer's output the next one's query; the stack is
-evaluated together, as a model's decode step is, so launch overhead does not
-dominate. Prints time per step, its ratio to fp16
-and peak memory above the caches, side by side in one run.
+Decode: each step appends one token to every layer's cache and attends through
+mlx-lm's ``scaled_dot_product_attention`` (the turbo path reads the compressed
+history in blocks), each layer's output the next one's query; the stack is
+evaluated together, as a model's decode step is. Prints, side by side in one
+run, ms per step, its ratio to fp16, the caches' bytes and the peak memory above
+the caches (also as a multiple of the caches' bytes).
 
-    python benchmarks/decode_attention.py [--contexts 1024 4096] [--layers 8]
-        [--schemes turbo4 turbo3 turbo4v2 turbo4:off] [--steps 8]
+Prefill: a prompt of ``--prefill`` tokens fed in ``--chunk`` token chunks through
+the same layer stack (queries = keys = values = the chunk), peak memory above
+what was allocated before the first chunk (caches included, as they grow).
+
+    python benchmarks/decode_attention.py [--contexts 4096 16384 65536] [--layers 8]
+        [--schemes turbo4] [--steps 4] [--prefill 16384 --chunk 2048]
+        [--blocks 512 1024 2048 4096] [--out results.md]
 
 A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
-the portable path where the fused kernel would run).
+the portable path where the fused kernel would run, in the same run).
 """
 
 import argparse
+import datetime
 import os
+import platform
+import subprocess
 import time
 
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 from mlx_lm.models.cache import KVCache
 
+import mlx_lm_turbo.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.integration import install_attention_dispatch
 from mlx_lm_turbo.kernels import KERNEL_ENV
@@ -30,10 +39,15 @@ from mlx_lm_turbo.kernels import KERNEL_ENV
 def filled_caches(make, layers, context, kv_heads, head_dim):
     caches = [make() for _ in range(layers)]
     for c in caches:
-        kv = mx.random.normal((1, kv_heads, context, head_dim)).astype(mx.float16)
-        c.update_and_fetch(kv, kv)
-        mx.eval([a for a in c.state if isinstance(a, mx.array)])
+        for start in range(0, context, 4096):  # in chunks, as a prefill fills them
+            kv = mx.random.normal((1, kv_heads, min(4096, context - start), head_dim)).astype(mx.float16)
+            c.update_and_fetch(kv, kv)
+            mx.eval([a for a in c.state if isinstance(a, mx.array)])
     return caches
+
+
+def cache_bytes(caches):
+    return sum(c.nbytes for c in caches)
 
 
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
@@ -59,33 +73,103 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     return (time.perf_counter() - start) / steps, mx.get_peak_memory() - before
 
 
+def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
+    """Seconds and peak memory (bytes, caches included) of a chunked prefill through the stack."""
+    caches = [make() for _ in range(layers)]
+    group = q_heads // kv_heads
+    chunks = [mx.random.normal((1, kv_heads, min(chunk, prompt - s), head_dim)).astype(mx.float16)
+              for s in range(0, prompt, chunk)]
+    mx.eval(chunks)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    for kv in chunks:
+        x = mx.repeat(kv, group, axis=1)
+        for c in caches:
+            x = mlx_base.scaled_dot_product_attention(x, *c.update_and_fetch(kv, kv), cache=c,
+                                                      scale=head_dim**-0.5, mask="causal")
+        mx.eval(x, [a for c in caches for a in c.state if isinstance(a, mx.array)])
+        mx.clear_cache()
+    return time.perf_counter() - start, mx.get_peak_memory() - before, cache_bytes(caches)
+
+
+def header():
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, commit {commit}"
+            f"{' (uncommitted changes)' if dirty else ''}, {mx.default_device()}, {platform.machine()}, "
+            f"mlx {mx.__version__}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
-    parser.add_argument("--schemes", nargs="+", default=["turbo4", "turbo3", "turbo4v2"])
+    parser.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384, 65536])
+    parser.add_argument("--schemes", nargs="+", default=["turbo4"])
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--prefill", type=int, default=16384, help="prompt tokens (0: skip the prefill table)")
+    parser.add_argument("--chunk", type=int, default=2048)
+    parser.add_argument("--blocks", type=int, nargs="*", default=[],
+                        help="decode key-block sizes to compare (default: the library's)")
+    parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     install_attention_dispatch()
-    print(f"{mx.default_device()}, {args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, "
-          f"head_dim {args.head_dim}, {args.steps} steps")
-    print("| cache | context | ms/step | speed vs fp16 | peak MiB above caches |")
-    print("|---|---:|---:|---:|---:|")
+    lines = []
+
+    def emit(line=""):
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(header())
+    emit(f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
+         f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
+         f"{attention.PREFILL_BLOCK_SCORES} scores")
+    default_block = attention.DECODE_BLOCK_TOKENS
+    if args.contexts:
+        emit()
+        emit(f"Decode ({args.steps} steps after a warm-up)")
+        emit()
+        emit("| cache | context | block | ms/step | speed vs fp16 | cache MiB | peak MiB above caches | peak / cache |")
+        emit("|---|---:|---:|---:|---:|---:|---:|---:|")
     for context in args.contexts:
         fp16_seconds = None
+        runs = [("fp16", None)] + [(s, b) for s in args.schemes for b in (args.blocks or [default_block])]
+        for name, block in runs:
+            scheme, _, mode = name.partition(":")
+            os.environ[KERNEL_ENV] = mode or "auto"
+            make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
+            attention.DECODE_BLOCK_TOKENS = block or default_block
+            caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
+            seconds, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
+            size = cache_bytes(caches)
+            fp16_seconds = fp16_seconds or seconds
+            emit(f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
+                 f"{size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |")
+            del caches
+    attention.DECODE_BLOCK_TOKENS = default_block
+    if args.prefill:
+        emit()
+        emit(f"Prefill of {args.prefill} tokens in {args.chunk}-token chunks")
+        emit()
+        emit("| cache | seconds | peak MiB (caches included) | peak vs fp16 | cache MiB at the end |")
+        emit("|---|---:|---:|---:|---:|")
+        fp16_peak = None
         for name in ["fp16", *args.schemes]:
             scheme, _, mode = name.partition(":")
             os.environ[KERNEL_ENV] = mode or "auto"
             make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
-            caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
-            seconds, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
-            fp16_seconds = fp16_seconds or seconds
-            print(f"| {name} | {context} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
-                  f"{peak / 2**20:.1f} |", flush=True)
-            del caches
+            seconds, peak, size = prefill(make, args.layers, args.prefill, args.chunk, args.q_heads,
+                                          args.kv_heads, args.head_dim)
+            fp16_peak = fp16_peak or peak
+            emit(f"| {name} | {seconds:.1f} | {peak / 2**20:.1f} | {peak / fp16_peak:.2f}x | {size / 2**20:.1f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

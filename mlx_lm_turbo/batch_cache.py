@@ -55,7 +55,7 @@ class _BatchStatistics:
         # Rows whose statistics exist, kept on the host: checked on every update,
         # so it must not cost a device sync per decode step.
         self.calibrated = [False] * rows
-        self._prompt_lengths = None
+        self._prompt_end = None  # (B,) where each row's real tokens end in a right-padded prefill
 
     @staticmethod
     def _joining(caches):
@@ -70,7 +70,7 @@ class _BatchStatistics:
                   f"(cached lengths {[c.offset for c in caches]})", file=sys.stderr, flush=True)
         return first
 
-    def _adopt_statistics(self, caches):
+    def _adopt_statistics(self, caches, calibrated):
         codecs = [c.codec for c in caches]
         template = next((c for c in codecs if c is not None), None)
         if template is None:
@@ -78,31 +78,35 @@ class _BatchStatistics:
         ones = [1] * len(caches)
         self.codec = template.with_statistics(_concat_statistic(codecs, ones, "key_mean", mx.zeros_like),
                                               _concat_statistic(codecs, ones, "key_scale", mx.ones_like))
-        self.calibrated = [c is not None for c in codecs]
+        self.calibrated = calibrated
 
     def _ensure_codec(self, keys, values):
         if self.codec is None:
             _install_attention_dispatch()
             self.codec = TurboCodec.for_keys(self.scheme, keys, values, seed=self.seed, layer=self.layer,
                                              key_calibration=self.key_calibration)
-        if self.codec.key_calibration == "none" or all(self.calibrated):
+
+    def _set_row_statistics(self, rows, mean, scale):
+        """Rows where ``rows`` (host bools) take ``mean``/``scale`` (None: the neutral ones)."""
+        keep = mx.array([not r for r in rows])[:, None, None]
+        like = self.codec.key_mean if mean is None else mean
+        if like is None:
             return
-        # Rows without statistics measure them on this chunk's real tokens.
-        valid = self._real_tokens(keys.shape[2])
-        mean, scale = self.codec.key_statistics(keys, valid, per_row=True)
-        keep = mx.array(self.calibrated)[:, None, None]
-        mean = _rows(keep, self.codec.key_mean, mean, mx.zeros_like)
+        mean = mx.zeros_like(like) if mean is None else mean
         scale = _rows(keep, self.codec.key_scale, scale, mx.ones_like)
-        self.codec = self.codec.with_statistics(mean, scale)
-        self.calibrated = [a or b for a, b in zip(self.calibrated, valid.any(axis=1).tolist())]
+        self.codec = self.codec.with_statistics(_rows(keep, self.codec.key_mean, mean, mx.zeros_like), scale)
 
     def _real_tokens(self, n):
         """(B, n) bool: which of an incoming chunk's n tokens are real, not padding."""
-        position = self._idx + mx.arange(n)
+        position = self._tokens_seen() + mx.arange(n)
         valid = position[None] >= self.left_padding[:, None]
-        if self._prompt_lengths is not None:  # a right-padded prefill
-            valid = valid & (mx.arange(n)[None] < self._prompt_lengths[:, None])
+        if self._prompt_end is not None:  # a right-padded prefill, maybe fed in several chunks
+            valid = valid & (position[None] < self._prompt_end[:, None])
         return valid
+
+    def _expect_prompt(self, lengths):
+        """A right-padded prefill of ``lengths`` real tokens per row starts now."""
+        self._prompt_end = None if lengths is None else mx.array(lengths) + self._tokens_seen()
 
     def _filter_statistics(self, batch_indices):
         if self.codec is not None and self.codec.key_mean is not None:
@@ -122,6 +126,8 @@ class _BatchStatistics:
 
     def _row_codec(self, idx):
         scale, mean = self.codec.key_scale, self.codec.key_mean
+        if not self.calibrated[idx]:  # a row's neutral statistics are none yet
+            return self.codec.with_statistics(None, None)
         return self.codec.with_statistics(None if mean is None else mean[idx:idx + 1],
                                           None if scale is None else scale[idx:idx + 1])
 
@@ -152,9 +158,9 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         max_length = max(lengths)
         batch = cls(first.scheme, [max_length - n for n in lengths], seed=first.seed, layer=first.layer,
                     key_calibration=first.key_calibration, sink_tokens=first.sink_tokens)
-        batch._adopt_statistics(caches)
         batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
-        batch.sink_counts = [0 if c.sinks is None else c.sinks[0].shape[2] for c in caches]
+        batch.sink_counts = [c._sink_count() for c in caches]
+        batch._adopt_statistics(caches, batch._complete_sinks())
         arrays = [c._stored_slice() for c in caches]
         like = next((a for a in arrays if a is not None), None)
         if like is None:
@@ -172,8 +178,9 @@ class TurboQuantBatchKVCache(_BatchStatistics):
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
         self._ensure_codec(keys, values)
+        self._keep_sinks(keys, values)
+        self._calibrate_rows()
         stored, exact_keys, exact_values = self.codec.encode(keys, values)
-        self._keep_sinks(exact_keys, exact_values)
         prev, n = self._idx, keys.shape[2]
         if self.stored is None or prev + n > self.stored[0].shape[2]:
             grown = TurboQuantKVCache._empty_like(stored, (self.step + n - 1) // self.step * self.step)
@@ -185,11 +192,24 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self.offset = self.offset + n
         self._idx += n
         # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
-        attended = tuple(a[..., :self._idx, :] for a in self.stored) if prev else None
-        view = TurboKV(self.codec, attended, exact_keys, exact_values, self._sink_view())
+        attended = tuple(a[..., :self._idx, :] for a in self.stored)
+        view = TurboKV(self.codec, attended, exact_keys, exact_values, self._sink_view(),
+                       TurboQuantKVCache.exact_window)
         return view, view
 
-    # -- sink tokens -----------------------------------------------------------
+    # -- sink tokens and the statistics measured on them -------------------------
+    def _complete_sinks(self):
+        """Per row (host bools): are all its sink tokens there (its statistics measured)?"""
+        return [bool(self.sink_tokens) and n >= self.sink_tokens for n in self.sink_counts]
+
+    def _calibrate_rows(self):
+        """Rows whose sink tokens are all there measure their key statistics on them
+        (see TurboQuantKVCache._calibrate)."""
+        rows = [done and not c for done, c in zip(self._complete_sinks(), self.calibrated)]
+        if any(rows):
+            self._set_row_statistics(rows, *self.codec.key_statistics(self.sinks[0], per_row=True))
+            self.calibrated = self._complete_sinks()
+
     def _keep_sinks(self, exact_keys, exact_values):
         """Fill each row's sink slots from this chunk's first real tokens."""
         S = self.sink_tokens
@@ -210,14 +230,15 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self.sink_counts = (counts + fill.sum(axis=1)).tolist()
 
     def _sink_view(self):
-        """(keys, values, positions) for TurboKV: slot j of a row sits behind its left
-        padding; unfilled slots point at the last position, which the chunk overwrites."""
+        """(keys, values, positions) for TurboKV, in the attention domain: slot j of a row
+        sits behind its left padding; unfilled slots point at the last position, which the
+        exact tail holds."""
         if self.sinks is None:
             return None
         slots = mx.arange(self.sink_tokens)[None]
         positions = mx.where(slots < mx.array(self.sink_counts)[:, None],
                              self.left_padding[:, None] + slots, self._idx - 1)
-        return (*self.sinks, positions[:, None, :, None])
+        return (*TurboQuantKVCache._attention_sinks(self), positions[:, None, :, None])
 
     def _joined_sinks(self, caches, rows):
         """The caches' sink (keys, values) stacked into one batch, every row given all
@@ -244,12 +265,15 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self.left_padding = self.left_padding + left_padding
             self.offset = self.offset - left_padding
         if lengths is not None:
-            self._prompt_lengths = mx.array(lengths)
+            self._expect_prompt(lengths)
         if right_padding is not None and max(right_padding) > 0:
             self._right_padding = mx.array(right_padding)
 
+    def _tokens_seen(self):
+        return self._idx
+
     def finalize(self):
-        self._prompt_lengths = None
+        self._prompt_end = None
         if self._right_padding is not None:
             padding = self._right_padding
             self.stored = tuple(dynamic_roll(a, padding[:, None], axis=2) for a in self.stored)
@@ -330,11 +354,16 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         if any(self.sink_counts):  # rows left with fewer real tokens than sinks keep fewer
             real = [max(self._idx - p, 0) for p in self.left_padding.tolist()]
             self.sink_counts = [min(c, r) for c, r in zip(self.sink_counts, real)]
+            lost = [c and not done for c, done in zip(self.calibrated, self._complete_sinks())]
+            if any(lost):  # measured on sink tokens no longer all there
+                self._set_row_statistics(lost, None, None)
+                self.calibrated = self._complete_sinks()
         return n
 
     @property
     def nbytes(self):
-        return sum(a.nbytes for a in (*(self.stored or ()), *(self.sinks or ())))
+        arrays = (*(self.stored or ()), *(self.sinks or ()), *TurboQuantKVCache._converted_sink_arrays(self))
+        return sum(a.nbytes for a in arrays)
 
     @property
     def state(self):
@@ -377,8 +406,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     @classmethod
     def merge(cls, caches):
         first = cls._joining(caches)
-        if any(c.keep for c in caches):
-            raise ValueError("Batched sliding-window caches need keep=0 (as mlx-lm's).")
+        # Kept tokens join the batch ring as ordinary ones, as in mlx-lm's batch form.
         shims = []
         for c in caches:
             shim = RotatingKVCache(c.max_size, c.keep)
@@ -389,28 +417,44 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         batch = BatchRotatingKVCache.merge.__func__(cls, shims)
         batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
         batch.key_calibration = first.key_calibration
-        batch._adopt_statistics(caches)
+        batch._adopt_statistics(caches, [c.codec is not None for c in caches])
         return batch
 
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
         self._ensure_codec(keys, values)
+        self._calibrate_on_chunk(keys)
         stored, exact_keys, exact_values = self.codec.encode(keys, values)
         ring = _unpack_pair(self.codec, *BatchRotatingKVCache.update_and_fetch(self, *_pack_pair(self.codec, stored)))
-        n = keys.shape[2]
-        if n == 1:  # the whole ring in ring order, the new token included
-            view = TurboKV(self.codec, ring)
-        else:  # history in temporal order, then the chunk, which attends to itself exactly
-            view = TurboKV(self.codec, ring if ring[0].shape[2] > n else None, exact_keys, exact_values)
+        window = TurboQuantRotatingKVCache.exact_window
+        if keys.shape[2] == 1:  # the whole ring in ring order, the new token (exact) at _idx - 1
+            at = mx.array([self._idx - 1])[None, None, :, None]
+            view = TurboKV(self.codec, ring, sinks=(exact_keys, exact_values, at), window=window)
+        else:  # history in temporal order, then the chunk
+            view = TurboKV(self.codec, ring, exact_keys, exact_values, window=window)
         return view, view
+
+    def _calibrate_on_chunk(self, keys):
+        """Rows without statistics measure them on this chunk's real tokens (a sliding
+        window keeps no sink tokens to measure them on)."""
+        if self.codec.key_calibration == "none" or all(self.calibrated):
+            return
+        valid = self._real_tokens(keys.shape[2])
+        rows = [has and not c for has, c in zip(valid.any(axis=1).tolist(), self.calibrated)]
+        if any(rows):
+            self._set_row_statistics(rows, *self.codec.key_statistics(keys, valid, per_row=True))
+            self.calibrated = [a or b for a, b in zip(self.calibrated, rows)]
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
         if lengths is not None:
-            self._prompt_lengths = mx.array(lengths)
+            self._expect_prompt(lengths)
         BatchRotatingKVCache.prepare(self, left_padding=left_padding, lengths=lengths, right_padding=right_padding)
 
+    def _tokens_seen(self):
+        return self._offset
+
     def finalize(self):
-        self._prompt_lengths = None
+        self._prompt_end = None
         BatchRotatingKVCache.finalize(self)
 
     def filter(self, batch_indices):

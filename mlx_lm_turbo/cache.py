@@ -55,47 +55,33 @@ def check_format(meta: dict) -> int:
 class TurboKV:
     """Keys and values as a turbo cache hands them to attention.
 
-    ``stored`` holds the compressed arrays of every token attended to, or None
-    when the current chunk is all there is; ``new_keys``/``new_values`` hold
-    the current chunk (the last tokens) exactly, already in the rotated,
-    calibrated domain; ``sinks`` (keys, values, positions) the sequences' first
-    tokens exactly, and where they sit on the token axis, (B or 1, 1, S, 1).
+    ``stored`` holds the compressed arrays of every token attended to;
+    ``new_keys``/``new_values`` hold the last ``n_exact`` tokens exactly (or
+    None), already in the rotated, calibrated domain; ``sinks`` (keys, values,
+    positions) tokens held exactly elsewhere on the token axis, and where they
+    sit, (B or 1, 1, S, 1): the sequences' first tokens (a batch row's unfilled
+    slot points at the last token, which the exact tail holds), or in a sliding
+    window's ring at decode its newest token.
+
+    Which keys a query reads exactly: query i of L sits at position
+    p_i = T - L + i; key t is read exact if it is a sink, or if
+    t >= T - n_exact and t > p_i - window (window None = no limit: the whole
+    exact tail); otherwise from the compressed store.
     Models pass it through to ``scaled_dot_product_attention`` untouched.
     """
 
-    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks")
+    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks", "window")
 
-    def __init__(self, codec, stored, new_keys=None, new_values=None, sinks=None):
+    def __init__(self, codec, stored, new_keys=None, new_values=None, sinks=None, window=None):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
-        self.sinks = sinks
+        self.sinks, self.window = sinks, window
 
     @property
     def shape(self):
         """Shape of the keys this stands for, (B, H, T, key_dim)."""
         tokens = self.stored[0] if self.stored is not None else self.new_keys
         return (*tokens.shape[:3], self.codec.key_dim)
-
-    def keys_and_values(self):
-        if self.stored is None:
-            return self.new_keys, self.new_values
-        keys, values = self.codec.decode(self.stored)
-        # Rows kept exact overwrite their dequantized copies: the sink tokens, then
-        # the chunk (which wins where they meet). The dequantized arrays are fresh,
-        # so this writes in place where a concatenation would copy the layer's K/V
-        # once more. fp16 keys are stored exactly already.
-        exact_keys = bool(self.codec.scheme.key_bits)
-        if self.sinks is not None:
-            sink_keys, sink_values, positions = self.sinks
-            if exact_keys:
-                keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
-            values = mx.put_along_axis(values, positions, sink_values, axis=2)
-        if self.new_keys is not None:
-            n = self.new_keys.shape[2]
-            if exact_keys:
-                keys[..., -n:, :] = self.new_keys
-            values[..., -n:, :] = self.new_values
-        return keys, values
 
 
 @lru_cache(maxsize=None)
@@ -130,8 +116,13 @@ class _TurboCache:
 
     step = 256
     # Every later query attends to a sequence's first tokens (attention sinks), so
-    # their quantization error reaches every step: this many are also kept exact.
-    sink_tokens = 4
+    # their quantization error reaches every step: this many are kept exact, and the
+    # key statistics are measured on them (see _calibrate), so they never depend on
+    # how the prompt was chunked or on what a prompt cache reused.
+    sink_tokens = 16
+    # Each query reads its own key exactly; every other key but the sink tokens is
+    # read compressed, whatever the chunking (TurboKV.window).
+    exact_window = 1
 
     def __init__(self, scheme, *, seed=0, layer=0, uncompressed_start=0, key_calibration=None):
         self.scheme = parse_scheme(scheme)
@@ -146,7 +137,7 @@ class _TurboCache:
         self.codec = None  # built when compression starts
         self.stored = None  # compressed arrays, token axis 2
         self.uncompressed = None  # mlx-lm cache holding the tokens before compression starts
-        self.sinks = None  # exact (keys, values) of the first tokens, attention domain
+        self.sinks = None  # exact (keys, values) of the first tokens, as the model gave them
 
     # -- the uncompressed start and the switch to compression ---------------
     def _make_uncompressed(self):
@@ -175,38 +166,70 @@ class _TurboCache:
         return True
 
     def _start_compression(self, incoming_keys=None, incoming_values=None):
-        """Build the codec, calibrated on the uncompressed history and the incoming keys,
-        and compress that history."""
+        """Build the codec and compress the uncompressed history."""
         history = self._uncompressed_history() if self.uncompressed is not None else None
         keys = incoming_keys if incoming_keys is not None else history[0]
         values = incoming_values if incoming_values is not None else history[1]
         _install_attention_dispatch()
         self.codec = TurboCodec.for_keys(self.scheme, keys, values, seed=self.seed, layer=self.layer,
                                          key_calibration=self.key_calibration)
-        parts = [a for a in (history[0] if history else None, incoming_keys) if a is not None]
-        self.codec.calibrate(mx.concatenate(parts, axis=2) if len(parts) > 1 else parts[0])
+        self._calibrate_on_first_chunk(
+            [a for a in (history[0] if history else None, incoming_keys) if a is not None])
         self.uncompressed = None
         if history is not None:
-            stored, exact_keys, exact_values = self.codec.encode(*history)
-            self._keep_sinks(exact_keys, exact_values)
-            self._store_history(stored)
+            self._store_history(self._encode(*history)[0])
 
-    def _keep_sinks(self, exact_keys, exact_values):
-        """Keep the exact K/V of a chunk's tokens that are among the first ``sink_tokens``."""
-        have = 0 if self.sinks is None else self.sinks[0].shape[2]
-        take = min(self.sink_tokens - have, exact_keys.shape[2])
+    def _calibrate_on_first_chunk(self, keys):
+        pass
+
+    def _calibrate(self):
+        """Measure the key statistics on the sink tokens once all are there. A copy of the
+        codec: deep-copied caches (a prompt cache's entries) share it."""
+        if self.sink_tokens and self.codec.key_mean is None and self.codec.key_scale is None \
+                and self._sink_count() == self.sink_tokens:
+            self.codec = self.codec.with_statistics(*self.codec.key_statistics(self.sinks[0]))
+
+    def _encode(self, keys, values):
+        """Keep the sink tokens among these, calibrate once they are all there, compress."""
+        self._keep_sinks(keys, values)
+        self._calibrate()
+        return self.codec.encode(keys, values)
+
+    def _sink_count(self):
+        return 0 if self.sinks is None else self.sinks[0].shape[2]
+
+    def _keep_sinks(self, keys, values):
+        """Keep the K/V of a chunk's tokens that are among the first ``sink_tokens``."""
+        take = min(self.sink_tokens - self._sink_count(), keys.shape[2])
         if take <= 0:
             return
-        # Copies: a slice would keep the whole chunk's exact K/V alive with it.
-        new = (mx.contiguous(exact_keys[:, :, :take]), mx.contiguous(exact_values[:, :, :take]))
+        # Copies: a slice would keep the whole chunk's K/V alive with it.
+        new = (mx.contiguous(keys[:, :, :take]), mx.contiguous(values[:, :, :take]))
         self.sinks = new if self.sinks is None else tuple(
             mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
 
-    def _view(self, stored, exact_keys=None, exact_values=None):
+    def _converted_sink_arrays(self):
+        cached = getattr(self, "_converted_sinks", None)
+        return [] if cached is None else list(cached[1])
+
+    def _attention_sinks(self):
+        """The sink tokens in the attention domain, converted once per codec and sink set."""
+        key = (self.codec, self.sinks)
+        cached = getattr(self, "_converted_sinks", None)
+        if cached is None or cached[0][0] is not key[0] or cached[0][1] is not key[1]:
+            self._converted_sinks = (key, self.codec.exact(*self.sinks))
+        return self._converted_sinks[1]
+
+    def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
+        """The TurboKV over ``stored``; ``exact_at`` (ring index) places a lone exact token
+        that is not last (a sliding window's ring), given as a sink."""
         sinks = None
         if self.sinks is not None:  # one sequence: its first tokens lead the cache
-            sinks = (*self.sinks, _leading_positions(self.sinks[0].shape[2]))
-        return TurboKV(self.codec, stored, exact_keys, exact_values, sinks)
+            sinks = (*self._attention_sinks(), _leading_positions(self._sink_count()))
+        elif exact_at is not None:
+            sinks = (exact_keys, exact_values, mx.array([exact_at])[None, None, :, None])
+            exact_keys = exact_values = None
+        return TurboKV(self.codec, stored, exact_keys, exact_values, sinks, self.exact_window)
 
     def compress_now(self):
         """End the uncompressed start early (a sequence joining a batch is compressed)."""
@@ -230,13 +253,15 @@ class _TurboCache:
             return n
         n = min(self.offset, n)
         self.offset -= n
-        if self.sinks is not None and self.sinks[0].shape[2] > self.offset:
+        if self._sink_count() > self.offset:
             self.sinks = tuple(a[:, :, : self.offset] for a in self.sinks) if self.offset else None
+            if self.codec is not None and self.sink_tokens:  # measured on sinks no longer all there
+                self.codec = self.codec.with_statistics(None, None)
         return n
 
     @property
     def nbytes(self):
-        arrays = list(self.stored or ()) + list(self.sinks or ())
+        arrays = list(self.stored or ()) + list(self.sinks or ()) + self._converted_sink_arrays()
         if self.codec is not None:
             arrays += [a for a in (self.codec.key_mean, self.codec.key_scale) if a is not None]
         total = sum(a.nbytes for a in arrays)
@@ -278,7 +303,7 @@ class _TurboCache:
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset
             return out
-        view = self._update_compressed(*self.codec.encode(keys, values))
+        view = self._update_compressed(*self._encode(keys, values))
         return view, view
 
     def _stored_slice(self):
@@ -355,12 +380,10 @@ class TurboQuantKVCache(_TurboCache):
         self.offset += n
 
     def _update_compressed(self, stored, exact_keys, exact_values):
-        had_history = self.offset > 0
-        self._keep_sinks(exact_keys, exact_values)
         self._store(stored)
         # Sliced after storing: a slice taken before would pin the old buffer, so the
         # store could not write in place and would copy the whole layer's cache.
-        return self._view(self._stored_slice() if had_history else None, exact_keys, exact_values)
+        return self._view(self._stored_slice(), exact_keys, exact_values)
 
     def make_mask(self, *args, **kwargs):
         return create_attention_mask(*args, offset=self.offset, **kwargs)
@@ -388,6 +411,10 @@ class TurboQuantRotatingKVCache(_TurboCache):
         self.max_size, self.keep = max_size, keep
         self._idx = 0
 
+    def _calibrate_on_first_chunk(self, keys):
+        # Without sink tokens the statistics come from the first chunk compressed.
+        self.codec.calibrate(mx.concatenate(keys, axis=2) if len(keys) > 1 else keys[0])
+
     _temporal_order = RotatingKVCache._temporal_order
     _trim = RotatingKVCache._trim
 
@@ -403,12 +430,10 @@ class TurboQuantRotatingKVCache(_TurboCache):
         self.stored, self._idx = tuple(new), new[0].shape[2]
 
     def _update_concat(self, new):
-        """Append a multi-token chunk; the stored arrays to attend to, None if it is the first."""
+        """Append a multi-token chunk; the stored arrays to attend to."""
         if self.stored is None:
             self.stored = tuple(new)
-            had_history = False
         else:
-            had_history = True
             ordered = [self._temporal_order(a) for a in self.stored]
             self._idx = ordered[0].shape[2]
             # Keep max_size - 1 old tokens so every new token sees a full window.
@@ -417,7 +442,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
             self.stored = tuple(mx.concatenate([h, a], axis=2) for h, a in zip(history, new))
         self.offset += new[0].shape[2]
         self._idx = self.stored[0].shape[2]
-        return self.stored if had_history else None
+        return self.stored
 
     def _update_in_place(self, new):
         n, prev = new[0].shape[2], self.offset
@@ -442,7 +467,8 @@ class TurboQuantRotatingKVCache(_TurboCache):
     def _update_compressed(self, stored, exact_keys, exact_values):
         if exact_keys.shape[2] == 1:
             # Like RotatingKVCache: the whole ring in ring order, new token included.
-            return self._view(self._update_in_place(stored))
+            ring = self._update_in_place(stored)
+            return self._view(ring, exact_keys, exact_values, exact_at=self._idx - 1)
         return self._view(self._update_concat(stored), exact_keys, exact_values)
 
     def size(self):

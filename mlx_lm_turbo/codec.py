@@ -165,25 +165,34 @@ class TurboCodec:
     def n_stored_arrays(self):
         return 4 if self.scheme.key_bits else 3
 
+    def rotated(self, keys: mx.array, values: mx.array):
+        """(B, H, L, D) keys and values -> their attention-domain forms (keys calibrated and
+        rotated, values rotated), float32 (keys kept as they are where they are stored exactly)."""
+        y_values = self.value_rotation.forward(values)
+        if not self.scheme.key_bits:
+            return keys, y_values
+        return self.key_rotation.forward(self._calibrated_keys(keys)), y_values
+
+    def exact(self, keys: mx.array, values: mx.array):
+        """Keys and values in the attention domain, unquantized, in the model dtype."""
+        return tuple(a.astype(self.dtype) for a in self.rotated(keys, values))
+
     def encode(self, keys: mx.array, values: mx.array):
         """(B, H, L, D) keys and values -> (stored arrays, exact rotated keys, values).
 
         Every stored array keeps the token axis at 2. The exact rotated keys and
-        values let a chunk attend to itself without quantization error.
+        values let a token attend to itself without quantization error.
         """
         fused = fused_encode(self, keys, values)  # the same in one launch, where it runs
         if fused is not None:
             return fused
-        y_values = self.value_rotation.forward(values)
+        y_keys, y_values = self.rotated(keys, values)
         stored_values = quantize_rotated(y_values, self.scheme.value_bits)
         if self.scheme.key_bits:
-            y_keys = self.key_rotation.forward(self._calibrated_keys(keys))
             stored = (*quantize_rotated(y_keys, self.scheme.key_bits), *stored_values)
-            exact_keys = y_keys.astype(self.dtype)
         else:
             stored = (keys, *stored_values)
-            exact_keys = keys
-        return stored, exact_keys, y_values.astype(self.dtype)
+        return stored, y_keys.astype(self.dtype), y_values.astype(self.dtype)
 
     def decode(self, stored):
         """Stored arrays -> (keys, values) in the attention domain, model dtype."""

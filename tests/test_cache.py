@@ -16,6 +16,22 @@ def kv(T, H=2, D=128, seed=0, dtype=mx.float16):
     return keys, values
 
 
+def dense(view):
+    """A TurboKV's keys and values as whole arrays: every token dequantized, the exact
+    ones (sink tokens, then the exact tail) written over their rows."""
+    keys, values = view.codec.decode(view.stored)
+    if view.sinks is not None:
+        sink_keys, sink_values, positions = view.sinks
+        if view.codec.scheme.key_bits:
+            keys = mx.put_along_axis(keys, positions, sink_keys, axis=2)
+        values = mx.put_along_axis(values, positions, sink_values, axis=2)
+    if view.new_keys is not None:
+        n = view.new_keys.shape[2]
+        keys[..., -n:, :] = view.new_keys
+        values[..., -n:, :] = view.new_values
+    return keys, values
+
+
 def fill(cache, keys, values, chunk=512):
     for start in range(0, keys.shape[2], chunk):
         cache.update_and_fetch(keys[:, :, start:start + chunk], values[:, :, start:start + chunk])
@@ -23,7 +39,9 @@ def fill(cache, keys, values, chunk=512):
     return cache
 
 
-@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.26), ("turbo3", 0.20), ("turbo2", 0.135)])
+# The 16 exact sink tokens, held as given and in the attention domain, add 0.8% of fp16
+# at 4096 tokens.
+@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.267), ("turbo3", 0.205), ("turbo2", 0.142)])
 def test_nbytes_of_4096_tokens_against_fp16(scheme, limit):
     keys, values = kv(4096)
     fp16 = fill(KVCache(), keys, values)
@@ -77,7 +95,7 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
     k, v = kv(1, seed=9)
     a, _ = cache.update_and_fetch(k, v[..., :128])
     b, _ = loaded.update_and_fetch(k, v[..., :128])
-    for x, y in zip(a.keys_and_values(), b.keys_and_values()):
+    for x, y in zip(dense(a), dense(b)):
         assert mx.array_equal(x, y).item()
 
 
@@ -130,7 +148,7 @@ def test_first_tokens_are_kept_exact_and_the_rest_dequantized():
     view, _ = cache.update_and_fetch(keys[:, :, 48:], values[:, :, 48:])
     _, exact_keys, exact_values = cache.codec.encode(keys, values)
     n = cache.sink_tokens
-    for got, exact, dequantized in zip(view.keys_and_values(), (exact_keys, exact_values),
+    for got, exact, dequantized in zip(dense(view), (exact_keys, exact_values),
                                        cache.codec.decode(cache._stored_slice())):
         assert mx.array_equal(got[:, :, :n], exact[:, :, :n]).item()  # the sink tokens
         assert not mx.array_equal(dequantized[:, :, :n], exact[:, :, :n]).item()
@@ -139,13 +157,24 @@ def test_first_tokens_are_kept_exact_and_the_rest_dequantized():
 
 
 def test_trim_into_the_sink_tokens_keeps_only_what_is_left_then_refills():
+    # A prompt cache trimmed to a shared prefix shorter than the sink tokens, then
+    # continued with another prompt, must hold what a cold cache of that prompt holds.
     keys, values = kv(40)
-    cache = fill(TurboQuantKVCache("turbo4"), keys[:, :, :30], values[:, :, :30])
-    cache.trim(28)
-    assert cache.offset == 2 and cache.sinks[0].shape[2] == 2
-    cache.update_and_fetch(keys[:, :, 2:10], values[:, :, 2:10])
-    _, exact_keys, _ = cache.codec.encode(keys[:, :, :4], values[:, :, :4])
-    assert mx.array_equal(cache.sinks[0], exact_keys).item()
+    other_keys, other_values = kv(40, seed=7)
+    cache = fill(TurboQuantKVCache("turbo4"), keys, values)
+    assert cache.codec.key_mean is not None  # measured on the 16 sink tokens
+    cache.trim(38)
+    assert cache.offset == 2 and cache.sinks[0].shape[2] == 2 and cache.codec.key_mean is None
+    prompt_keys = mx.concatenate([keys[:, :, :2], other_keys[:, :, 2:]], axis=2)
+    prompt_values = mx.concatenate([values[:, :, :2], other_values[:, :, 2:]], axis=2)
+    cache.update_and_fetch(prompt_keys[:, :, 2:], prompt_values[:, :, 2:])
+    cold = fill(TurboQuantKVCache("turbo4"), prompt_keys, prompt_values)
+    assert mx.array_equal(cache.codec.key_mean, cold.codec.key_mean).item()
+    for a, b in zip(cache.sinks, cold.sinks):
+        assert mx.array_equal(a, b).item()
+    n = cache.sink_tokens  # the sink tokens' compressed copies are never read
+    for a, b in zip(cache._stored_slice(), cold._stored_slice()):
+        assert mx.array_equal(a[:, :, n:], b[:, :, n:]).item()
     cache.trim(100)
     assert cache.offset == 0 and cache.sinks is None
 
@@ -160,7 +189,12 @@ def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
     cache = fill(TurboQuantKVCache(scheme), keys, values, chunk=256)
     mx.clear_cache()
     held = mx.get_active_memory() - before
-    assert abs(held - cache.nbytes) < 32 * 1024, (held, cache.nbytes)  # a pinned chunk: 256 KiB
+    # A pinned chunk would be 256 KiB. The CPU allocator counts each buffer's bytes; a
+    # GPU allocator rounds each buffer up to its page (16 KiB on MLX-CUDA) or pools small
+    # ones, so there each array held may count up to a page more.
+    arrays = [a for a in cache.state if isinstance(a, mx.array)]
+    slack = 32 * 1024 + (0 if mx.default_device().type == mx.cpu else 16 * 1024 * len(arrays))
+    assert -32 * 1024 < held - cache.nbytes < slack, (held, cache.nbytes)
 
 
 def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
@@ -220,7 +254,7 @@ def test_rotating_positions_match_rotating_kv_cache(max_size, keep, chunks):
         view, _ = turbo.update_and_fetch(k, v)
         assert (turbo.offset, turbo._idx, turbo.size()) == (ref.offset, ref._idx, ref.size())
         assert view.shape[2] == ref_v.shape[2]
-        got = view.codec.value_rotation.inverse(view.keys_and_values()[1])
+        got = view.codec.value_rotation.inverse(dense(view)[1])
         err = mx.linalg.norm((got - ref_v).astype(mx.float32), axis=-1) / mx.linalg.norm(ref_v.astype(mx.float32), axis=-1)
         assert err.max().item() < 0.03  # same token in every slot
         if mask_ref is None or isinstance(mask_ref, str):

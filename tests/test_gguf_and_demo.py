@@ -83,8 +83,8 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
     assert [r.split("|")[1].strip() for r in rows] == ["uncompressed (float32)", "turbo4", "turbo2"]
     ratios = [float(r.split("|")[3].strip().rstrip("x")) for r in rows]
     # float32 baseline; both hold 256-token buffers here: turbo4 4.125/32 bits plus its
-    # 4 exact sink tokens (4/256) and calibration vector
-    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.16
+    # exact sink tokens (up to 16, held as given and in the attention domain: 32/256)
+    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.27
 
 
 def exit_status(argv):

@@ -100,7 +100,9 @@ def test_generate_step_chunked_prefill_keeps_only_compressed_history(monkeypatch
     fp16 = mlx_make_prompt_cache(model)
     list(zip(generate_step(prompt, model, prompt_cache=fp16, prefill_step_size=64, max_tokens=4), range(4)))
     assert max(seen) <= 64 and cache[0].offset == fp16[0].offset > 300
-    assert sum(c.nbytes for c in cache) < 0.3 * sum(c.nbytes for c in fp16)
+    # turbo4's 0.26 plus the 16 exact sink tokens (held twice: as given, and in the
+    # attention domain), 0.1 of fp16 at this short length
+    assert sum(c.nbytes for c in cache) < 0.37 * sum(c.nbytes for c in fp16)
 
 
 def fake_model(model_type, cache_class):
