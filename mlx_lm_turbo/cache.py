@@ -19,12 +19,13 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
 from .codec import TurboCodec
 from .errors import CacheFormatError
-from .rotation import legacy_signs_reproducible
 from .schemes import parse_scheme
 
-# The layout of a saved cache's state, written into its metadata. 0: release 0.1.0 (no
-# "format" key; rotation signs from NumPy's Generator); 1: the signs named in the codec's
-# metadata. Change the layout, bump this, and say in check_format what older ones become.
+# The layout of a saved cache's state and the rules it was made under, written into its
+# metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
+# as the model gave them, key statistics measured on them, each query reading only itself
+# and the sink tokens exactly, rotation signs named in the codec's metadata. Change the
+# layout or the rules, bump this, and say in check_format what older ones become.
 FORMAT_VERSION = 1
 _SAVED_KEYS = ("scheme", "seed", "layer", "uncompressed_start", "key_calibration", "sink_tokens", "offset", "codec")
 
@@ -42,13 +43,12 @@ def check_format(meta: dict) -> int:
         raise CacheFormatError(
             f"This prompt cache lacks {', '.join(missing)} (saved before mlx-lm-turbo 0.1.0?); "
             "re-create it with this version.")
-    if version == 0 and meta["codec"] is not None and not legacy_signs_reproducible():
-        import numpy
-
+    if version == 0:
         raise CacheFormatError(
-            "This prompt cache was saved by mlx-lm-turbo 0.1.0, whose rotation came from NumPy's random "
-            f"generator, and NumPy {numpy.__version__} draws different numbers: it would continue "
-            "differently. Re-create the cache with this version (or use the NumPy that saved it).")
+            "This prompt cache was saved by mlx-lm-turbo 0.1.0, which compressed under other rules "
+            "(4 sink tokens, key statistics from the first chunk, each chunk reading itself exactly, "
+            "rotation signs from NumPy's generator): this version cannot continue it as 0.1.0 did. "
+            "Re-create it with this version (mlx_lm.cache_prompt).")
     return version
 
 

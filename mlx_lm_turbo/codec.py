@@ -20,7 +20,7 @@ import mlx.core as mx
 from .codebooks import boundaries, check_head_dim, codebook
 from .kernels.encode import fused_encode
 from .packing import pack, packed_words, three_bit_groups, unpack, unpack_three_bit_groups
-from .rotation import LEGACY_SIGNS, SIGNS, rotation
+from .rotation import SIGNS, rotation
 from .schemes import KVScheme, parse_scheme
 
 # none:          keys as they are.
@@ -252,6 +252,6 @@ class TurboCodec:
         codec = cls(parse_scheme(m["scheme"]), key_dim=m["key_dim"], value_dim=m["value_dim"],
                     n_kv_heads=m["n_kv_heads"], dtype=getattr(mx, m["dtype"]), seed=m["seed"],
                     layer=m["layer"], key_calibration=m["key_calibration"],
-                    signs=m.get("signs", LEGACY_SIGNS))  # release 0.1.0 did not name them
+                    signs=m["signs"])
         codec.key_mean, codec.key_scale = key_mean, key_scale
         return codec

@@ -7,8 +7,7 @@ come from SplitMix64 over (seed, layer, head_dim, dimension): integer arithmetic
 written here, the same under every NumPy and MLX version.
 
 Release 0.1.0 drew the signs from NumPy's ``Generator``, whose stream NumPy does
-not promise to keep. Its files are still read with those signs (``LEGACY_SIGNS``)
-while this NumPy reproduces the draws 0.1.0 made, and refused once it does not.
+not promise to keep; its files are refused (``cache.check_format`` says why).
 """
 
 from functools import lru_cache
@@ -17,16 +16,9 @@ import mlx.core as mx
 import numpy as np
 
 SIGNS = "splitmix64"  # saved with each codec
-LEGACY_SIGNS = "numpy-generator"  # release 0.1.0's files, which name no source
 _HADAMARD_BASES = (1, 12, 20, 28)
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-# The signs NumPy's Generator gave release 0.1.0 (NumPy 2.4) for (seed, layer, head_dim):
-# bit i set where dimension i was flipped.
-_LEGACY_DRAWS = {(0, 0, 64): 0x61608F81DF39F060, (0, 1, 128): 0xAEA5956902D829CFE4F613E923AFC3A5,
-                 (7, 3, 80): 0x2FD06B246DF78BC90585}
-
-
 def _hadamard_size(n):
     return any(n % m == 0 and ((n // m) & (n // m - 1)) == 0 for m in _HADAMARD_BASES)
 
@@ -46,18 +38,7 @@ def splitmix64_signs(head_dim, seed, layer):
     return [-1.0 if _mix((state + (i + 1) * _GOLDEN) & _MASK) >> 63 else 1.0 for i in range(head_dim)]
 
 
-def legacy_signs(head_dim, seed, layer):
-    """The signs release 0.1.0 drew (NumPy's Generator)."""
-    return list(np.random.default_rng([seed, layer, head_dim]).choice([-1.0, 1.0], size=head_dim))
-
-
-def legacy_signs_reproducible() -> bool:
-    """Whether this NumPy still draws what release 0.1.0's NumPy drew."""
-    return all(sum(1 << i for i, s in enumerate(legacy_signs(d, seed, layer)) if s < 0) == bits
-               for (seed, layer, d), bits in _LEGACY_DRAWS.items())
-
-
-_SIGN_SOURCES = {SIGNS: splitmix64_signs, LEGACY_SIGNS: legacy_signs}
+_SIGN_SOURCES = {SIGNS: splitmix64_signs}
 
 
 class Rotation:

@@ -52,9 +52,11 @@ def test_every_mask_kind_and_gqa_ratio(mask_kind, n_q_heads):
         "additive": mx.where(bool_mask, 0.0, -1e9), "window": create_causal_mask(L, T - L, window_size=20),
     }[mask_kind]
     # harsh synthetic keys (bias 40, 10x outlier channels): loose bounds; quality
-    # is measured on the real model (benchmarks/key_calibration.py)
+    # is measured on the real model (benchmarks/key_calibration.py). A single query
+    # (mask "none") varies most with the rotation: turbo4 over 12 rotation seeds,
+    # 4 query heads, statistics from the 16 sink tokens: mean 0.22, max 0.375.
     assert run_both("turbo8", queries, keys, values, mask) < 0.04
-    assert run_both("turbo4", queries, keys, values, mask) < 0.35
+    assert run_both("turbo4", queries, keys, values, mask) < 0.4
 
 
 def test_equivalent_masks_give_identical_output():

@@ -2,7 +2,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lm_turbo.rotation import LEGACY_SIGNS, Rotation, legacy_signs, legacy_signs_reproducible, rotation, splitmix64_signs
+from mlx_lm_turbo.rotation import Rotation, rotation, splitmix64_signs
 
 
 @pytest.mark.parametrize("head_dim, dense", [(64, False), (96, False), (128, False), (256, False),
@@ -45,14 +45,6 @@ def test_signs_are_the_projects_own_definition():
     assert flipped(splitmix64_signs(128, 0, 1)) == 0xA847CAB1486ECB3B32DA0616555CC4A7
     assert flipped(splitmix64_signs(80, 7, 3)) == 0x9B3E7C292D98D69A3C1E
     assert np.array_equal(np.array(rotation(128, 0, 1).signs), splitmix64_signs(128, 0, 1))
-
-
-def test_release_0_1_0_signs_are_still_drawn_by_this_numpy():
-    """Files saved by 0.1.0 are read with NumPy's draws while they match 0.1.0's; the
-    refusal otherwise is tested in test_saved_caches.py."""
-    assert legacy_signs_reproducible()
-    assert np.array_equal(np.array(rotation(64, 0, 0, LEGACY_SIGNS).signs), legacy_signs(64, 0, 0))
-    assert not np.array_equal(legacy_signs(64, 0, 0), splitmix64_signs(64, 0, 0))
 
 
 def test_sizes_without_a_hadamard_transform_are_refused():
