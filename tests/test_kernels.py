@@ -230,3 +230,15 @@ def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
     rows = [line for line in out.splitlines() if line.startswith("| 0 |")]
     expected = "fused kernel" if ON_CUDA else "portable: MLX runs on the CPU"
     assert rows and rows[0].endswith(" |") and expected in rows[0]
+
+
+def test_calls_no_gpu_run_has_checked_stay_on_the_portable_path_under_auto():
+    from mlx_lm_turbo.kernels.decode_attention import unverified
+
+    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
+    _, view, _ = step_inputs(plain, 1, 2, 2, 64, mx.float16)
+    assert unverified(view, None) is None
+    assert unverified(view, mx.zeros((4,))) == "GPT-OSS attention sinks"
+    ring = filled_cache(TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16)
+    _, view, _ = step_inputs(ring, 1, 2, 2, 64, mx.float16)
+    assert unverified(view, None) == "a sliding window's newest token held exactly"

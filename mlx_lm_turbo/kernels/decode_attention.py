@@ -23,7 +23,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codebooks import codebook
-from .dispatch import placeholder, source, use_kernel
+from .dispatch import kernel_mode, placeholder, source, use_kernel
 
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
 WARPS = 4
@@ -53,9 +53,22 @@ def _call_support(queries, kv, mask):
     return None
 
 
+def unverified(kv, sinks):
+    """What this call needs that no GPU run has checked against the portable path yet
+    (``auto`` leaves it to the portable path, ``on`` runs it); None if all was checked.
+    benchmarks/results/decode_kernel_h200_*.md names the runs."""
+    if sinks is not None:
+        return "GPT-OSS attention sinks"
+    if kv.sinks is not None and kv.new_keys is None:
+        return "a sliding window's newest token held exactly"
+    return None
+
+
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     """The fused kernel's output for this call, or None where the portable path runs."""
     if not use_kernel(kv.codec) or _call_support(queries, kv, mask) is not None:
+        return None
+    if kernel_mode() == "auto" and unverified(kv, sinks) is not None:
         return None
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
 
