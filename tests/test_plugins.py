@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
 from mlx_lm import load
 
