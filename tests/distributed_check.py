@@ -1,0 +1,58 @@
+"""Run by tests/test_distributed.py under ``mlx.launch``: one rank of a pipeline-sharded
+model with TurboQuant caches, checked against the same model in this one process.
+
+    mlx.launch -n 2 --backend ring --hosts 127.0.0.1 -- python distributed_check.py MODEL_DIR
+
+Each rank prints one line ``RESULT {json}``: its layers, whether its plan is the
+one-process plan cut to those layers, and its cache bytes next to that share of the
+one-process cache's bytes after the same prefill.
+"""
+
+import json
+import sys
+from dataclasses import replace
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.utils import sharded_load
+
+from mlx_lm_turbo import make_prompt_cache, plan
+
+SCHEME = "turbo4"
+PROMPT = mx.array([[(7 * i) % 200 + 3 for i in range(40)]])
+
+
+def prefill(model):
+    cache = make_prompt_cache(model, SCHEME)
+    logits = model(PROMPT, cache=cache)
+    mx.eval(logits, [c.state for c in cache])
+    return cache, logits
+
+
+def main(model_dir):
+    group = mx.distributed.init()
+    sharded, _ = sharded_load(model_dir, pipeline_group=group)
+    start, end = sharded.model.start_idx, sharded.model.end_idx
+    whole, _ = load(model_dir)
+
+    _, _, whole_plan, _ = plan(whole, SCHEME)
+    _, _, rank_plan, _ = plan(sharded, SCHEME)
+    share = [replace(p, index=p.layer - start) for p in whole_plan[start:end]]
+
+    rank_cache, rank_logits = prefill(sharded)
+    whole_cache, whole_logits = prefill(whole)
+    result = {
+        "rank": group.rank(), "size": group.size(), "layers": [start, end],
+        "plan_matches": rank_plan == share,
+        "schemes": {p.layer: p.scheme.name if p.scheme else None for p in rank_plan},
+        "rank_bytes": [c.nbytes for c in rank_cache],
+        "share_bytes": [c.nbytes for c in whole_cache[start:end]],
+        "whole_bytes": sum(c.nbytes for c in whole_cache),
+        "seeds": [getattr(c, "layer", None) for c in rank_cache],
+        "max_logit_difference": mx.abs(rank_logits - whole_logits).max().item(),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
