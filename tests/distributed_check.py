@@ -5,7 +5,9 @@ model with TurboQuant caches, checked against the same model in this one process
 
 Each rank prints one line ``RESULT {json}``: its layers, whether its plan is the
 one-process plan cut to those layers, and its cache bytes next to that share of the
-one-process cache's bytes after the same prefill.
+one-process cache's bytes after the same prefill. Caches made through mlx-lm's own
+``make_prompt_cache`` with a scheme active, as the commands make them, print the
+compression notice on rank 0 alone.
 """
 
 import json
@@ -14,9 +16,11 @@ from dataclasses import replace
 
 import mlx.core as mx
 from mlx_lm import load
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.utils import sharded_load
 
-from mlx_lm_turbo import make_prompt_cache, plan
+from mlx_lm_turbo import make_prompt_cache, plan, settings
+from mlx_lm_turbo.schemes import parse_scheme
 
 SCHEME = "turbo4"
 PROMPT = mx.array([[(7 * i) % 200 + 3 for i in range(40)]])
@@ -52,6 +56,10 @@ def main(model_dir):
         "max_logit_difference": mx.abs(rank_logits - whole_logits).max().item(),
     }
     print("RESULT " + json.dumps(result), flush=True)
+
+    settings.active = settings.Settings(parse_scheme(SCHEME))
+    mlx_cache.make_prompt_cache(sharded)
+    settings.active = None
 
 
 if __name__ == "__main__":

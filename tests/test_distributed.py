@@ -198,6 +198,8 @@ def test_two_local_processes_pipeline_plan_and_cache_bytes(name, turbo8_layers, 
     assert sum(sum(r["rank_bytes"]) for r in ranks) == ranks[0]["whole_bytes"]
     assert sorted(i for i, s in schemes.items() if s == "turbo8") == turbo8_layers
     assert all(s in (None, "turbo4") for i, s in schemes.items() if i not in turbo8_layers)
+    notices = (result.stdout + result.stderr).count(f"[mlx-lm-turbo] {name}: KV caches")
+    assert notices == 1, result.stderr[-2000:]  # rank 0 alone
 
 
 @pytest.mark.parametrize("uncompressed_start", [0, 100])
