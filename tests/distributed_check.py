@@ -1,11 +1,12 @@
 """Run by tests/test_distributed.py under ``mlx.launch``: one rank of a pipeline-sharded
 model with TurboQuant caches, checked against the same model in this one process.
 
-    mlx.launch -n 2 --backend ring --hosts 127.0.0.1 -- python distributed_check.py MODEL_DIR
+    mlx.launch -n 2 --backend ring --hosts 127.0.0.1 -- python distributed_check.py MODEL_DIR pipeline|tensor
 
 Each rank prints one line ``RESULT {json}``: its layers, whether its plan is the
-one-process plan cut to those layers, and its cache bytes next to that share of the
-one-process cache's bytes after the same prefill. Caches made through mlx-lm's own
+one-process plan cut to those layers, and its cache bytes next to the one-process
+cache's bytes for those layers after the same prefill (a tensor rank holds all
+layers, each with its share of the KV heads). Caches made through mlx-lm's own
 ``make_prompt_cache`` with a scheme active, as the commands make them, print the
 compression notice on rank 0 alone.
 """
@@ -26,17 +27,21 @@ SCHEME = "turbo4"
 PROMPT = mx.array([[(7 * i) % 200 + 3 for i in range(40)]])
 
 
-def prefill(model):
-    cache = make_prompt_cache(model, SCHEME)
+def prefill(model, scheme=SCHEME):
+    cache = make_prompt_cache(model, scheme)
     logits = model(PROMPT, cache=cache)
     mx.eval(logits, [c.state for c in cache])
     return cache, logits
 
 
-def main(model_dir):
+def main(model_dir, sharding):
     group = mx.distributed.init()
-    sharded, _ = sharded_load(model_dir, pipeline_group=group)
-    start, end = sharded.model.start_idx, sharded.model.end_idx
+    if sharding == "pipeline":
+        sharded, _ = sharded_load(model_dir, pipeline_group=group)
+        start, end = sharded.model.start_idx, sharded.model.end_idx
+    else:
+        sharded, _ = sharded_load(model_dir, tensor_group=group)
+        start, end = 0, len(sharded.layers)
     whole, _ = load(model_dir)
 
     _, _, whole_plan, _ = plan(whole, SCHEME)
@@ -45,6 +50,7 @@ def main(model_dir):
 
     rank_cache, rank_logits = prefill(sharded)
     whole_cache, whole_logits = prefill(whole)
+    uncompressed_difference = mx.abs(prefill(sharded, "none")[1] - prefill(whole, "none")[1]).max().item()
     result = {
         "rank": group.rank(), "size": group.size(), "layers": [start, end],
         "plan_matches": rank_plan == share,
@@ -54,6 +60,7 @@ def main(model_dir):
         "whole_bytes": sum(c.nbytes for c in whole_cache),
         "seeds": [getattr(c, "layer", None) for c in rank_cache],
         "max_logit_difference": mx.abs(rank_logits - whole_logits).max().item(),
+        "max_logit_difference_uncompressed": uncompressed_difference,
     }
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -63,4 +70,4 @@ def main(model_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

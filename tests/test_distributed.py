@@ -133,7 +133,7 @@ def free_port_pair():
     pytest.fail("no two adjacent free ports on 127.0.0.1")
 
 
-def pipeline_model_dir(name, tiny_model, tiny_tokenizer_dir, root):
+def shardable_model_dir(name, tiny_model, tiny_tokenizer_dir, root):
     """A model directory ``sharded_load`` can pipeline: weights plus their index."""
     import json
     import shutil
@@ -159,23 +159,26 @@ def pipeline_model_dir(name, tiny_model, tiny_tokenizer_dir, root):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, turbo8_layers", [("qwen2", [0, 1, 6, 7]), ("qwen3_5", [3, 7])])
-def test_two_local_processes_pipeline_plan_and_cache_bytes(name, turbo8_layers, tiny_model, tiny_tokenizer_dir,
-                                                           tmp_path):
+@pytest.mark.parametrize("name, sharding, turbo8_layers", [
+    ("qwen2", "pipeline", [0, 1, 6, 7]), ("qwen3_5", "pipeline", [3, 7]), ("llama", "tensor", [0, 1, 4, 5]),
+])
+def test_two_local_processes_match_one_process(name, sharding, turbo8_layers, tiny_model, tiny_tokenizer_dir,
+                                               tmp_path):
     """mlx.launch, ring backend, 2 ranks on 127.0.0.1: each rank's plan is the one-process
-    plan cut to its layers, its cache holds that share of the one-process bytes after the
-    same prefill, and the logits are the one-process ones."""
+    plan cut to its layers, its cache holds its share of the one-process bytes after the
+    same prefill, its logits are the one-process ones (pipeline: exactly), and rank 0
+    alone prints the notice."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    model_dir = pipeline_model_dir(name, tiny_model, Path(tiny_tokenizer_dir), tmp_path)
+    model_dir = shardable_model_dir(name, tiny_model, Path(tiny_tokenizer_dir), tmp_path)
     launch = Path(sys.executable).parent / "mlx.launch"
     script = Path(__file__).parent / "distributed_check.py"
     result = subprocess.run(
         [str(launch), "-n", "2", "--backend", "ring", "--hosts", "127.0.0.1", "--starting-port",
-         str(free_port_pair()), "--python", sys.executable, "--", str(script), str(model_dir)],
+         str(free_port_pair()), "--python", sys.executable, "--", str(script), str(model_dir), sharding],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     ranks = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in result.stdout.splitlines()
@@ -183,19 +186,28 @@ def test_two_local_processes_pipeline_plan_and_cache_bytes(name, turbo8_layers, 
     # mlx.launch exits 0 even when a rank fails: each rank must have reported.
     assert [r["rank"] for r in ranks] == [0, 1], result.stdout[-2000:] + result.stderr[-3000:]
     assert all(r["size"] == 2 for r in ranks)
-    # Rank 1 runs the first layers, rank 0 the last ones.
-    assert ranks[1]["layers"] == [0, 4] and ranks[0]["layers"] == [4, 8]
     schemes = {}
     for r in ranks:
         assert r["plan_matches"], r
-        assert r["rank_bytes"] == r["share_bytes"], r
         start = r["layers"][0]
         assert [s for s in r["seeds"] if s is not None] == [int(i) for i, s in r["schemes"].items() if s]
         assert all(s is None or s >= start for s in r["seeds"])
         schemes.update({int(i): s for i, s in r["schemes"].items()})
-        # The same operations on the same inputs, split over two processes.
-        assert r["max_logit_difference"] == 0.0, r
-    assert sum(sum(r["rank_bytes"]) for r in ranks) == ranks[0]["whole_bytes"]
+    if sharding == "pipeline":
+        # Rank 1 runs the first layers, rank 0 the last ones.
+        assert ranks[1]["layers"] == [0, 4] and ranks[0]["layers"] == [4, 8]
+        for r in ranks:
+            assert r["rank_bytes"] == r["share_bytes"], r
+            # The same operations on the same inputs, split over two processes.
+            assert r["max_logit_difference"] == 0.0, r
+        assert sum(sum(r["rank_bytes"]) for r in ranks) == ranks[0]["whole_bytes"]
+    else:
+        for r in ranks:
+            assert r["layers"] == [0, 6]
+            assert [2 * b for b in r["rank_bytes"]] == r["share_bytes"], r  # one of the 2 KV heads
+            # Measured 0.0093 (0.0049 with mlx-lm's caches): the sharded o_proj / MLP sums
+            # round differently; the bound leaves room for that noise, not for a wrong head.
+            assert r["max_logit_difference"] < 0.05, r
     assert sorted(i for i, s in schemes.items() if s == "turbo8") == turbo8_layers
     assert all(s in (None, "turbo4") for i, s in schemes.items() if i not in turbo8_layers)
     notices = (result.stdout + result.stderr).count(f"[mlx-lm-turbo] {name}: KV caches")
