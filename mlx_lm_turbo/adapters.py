@@ -9,10 +9,12 @@ any other model is refused with the reason. The files in ``mlx_lm_turbo/models/`
 declare which model types use which adapter.
 """
 
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional, Tuple
 
+import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
@@ -45,10 +47,11 @@ class Capabilities:
 class LayerPlan:
     """What one entry of the cache list becomes, and why."""
 
-    index: int
+    index: int  # the entry in this process's cache list
     kind: str  # "kv", "rotating", "state"
     scheme: Optional[KVScheme]
     reason: str
+    layer: int  # the model's layer number (also the rotation seed); differs from index on a pipeline rank
 
 
 @dataclass
@@ -58,17 +61,23 @@ class Adapter:
     capabilities: Capabilities = field(default_factory=Capabilities)
 
     def plan(self, model, scheme: KVScheme, *, boundary_skip, layer_schemes=None, max_kv_size=None):
-        """Per cache entry: compressed with which scheme, or left alone, and why."""
+        """(mlx-lm's caches for this process, their plans, the plans of every model layer).
+
+        Under a pipeline group this process holds layers ``start`` onwards only, but
+        boundaries and per-layer overrides are the model's layer numbers, so the plan
+        is made for the whole model and cut to this process's share.
+        """
         problem = attention_problem(model)
         if problem:
             raise UnsupportedModelError(refusal(model_type_of(model), problem))
         caches = mlx_make_prompt_cache(model, max_kv_size)
+        cache_types, start = whole_model_cache_types(model, caches, max_kv_size)
         kinds = []
-        for i, c in enumerate(caches):
-            kind = CACHE_KINDS.get(type(c)) or ("state" if isinstance(c, STATE_CACHES) else None)
+        for i, t in enumerate(cache_types):
+            kind = CACHE_KINDS.get(t) or ("state" if issubclass(t, STATE_CACHES) else None)
             if kind is None:
                 raise UnsupportedModelError(refusal(
-                    model_type_of(model), f"its layer {i} keeps a {type(c).__name__}, which TurboQuant cannot compress"))
+                    model_type_of(model), f"its layer {i} keeps a {t.__name__}, which TurboQuant cannot compress"))
             if kind == "rotating" and not self.capabilities.supports_sliding_window:
                 raise UnsupportedModelError(refusal(
                     model_type_of(model), f"its layer {i} has a sliding window, which the {self.name} adapter does not handle"))
@@ -79,17 +88,18 @@ class Adapter:
         plans = []
         for i, kind in enumerate(kinds):
             if kind == "state":
-                plans.append(LayerPlan(i, kind, None, "recurrent state, kept as is"))
+                plans.append(LayerPlan(i, kind, None, "recurrent state, kept as is", i))
                 continue
             rank = attention.index(i)
             if layer_schemes and i in layer_schemes:
-                plans.append(LayerPlan(i, kind, layer_schemes[i], "per-layer override"))
+                plans.append(LayerPlan(i, kind, layer_schemes[i], "per-layer override", i))
             elif rank < boundary_skip or rank >= len(attention) - boundary_skip:
                 plans.append(LayerPlan(i, kind, boundary_scheme(scheme),
-                                       f"boundary: attention layer {rank} of {len(attention)}"))
+                                       f"boundary: attention layer {rank} of {len(attention)}", i))
             else:
-                plans.append(LayerPlan(i, kind, scheme, "scheme"))
-        return caches, plans
+                plans.append(LayerPlan(i, kind, scheme, "scheme", i))
+        mine = [replace(p, index=p.layer - start) for p in plans[start:start + len(caches)]]
+        return caches, mine, plans
 
     def build(self, caches, plans, **cache_options):
         """Replace the planned entries of ``caches`` (mlx-lm's) with TurboQuant caches."""
@@ -99,9 +109,9 @@ class Adapter:
                 continue
             if p.kind == "rotating":
                 caches[p.index] = TurboQuantRotatingKVCache(p.scheme, c.max_size, c.keep,
-                                                            layer=p.index, **cache_options)
+                                                            layer=p.layer, **cache_options)
             else:
-                caches[p.index] = TurboQuantKVCache(p.scheme, layer=p.index, **cache_options)
+                caches[p.index] = TurboQuantKVCache(p.scheme, layer=p.layer, **cache_options)
         return caches
 
 
@@ -115,6 +125,38 @@ def mlx_make_prompt_cache(model, max_kv_size=None):
     """mlx-lm's own ``make_prompt_cache``, even once the plugin has wrapped it."""
     make = mlx_cache.make_prompt_cache
     return getattr(make, "turbo_original", make)(model, max_kv_size)
+
+
+# (id(model), max_kv_size) -> (cache type of each model layer, first layer this process holds).
+_WHOLE_MODEL_LAYOUTS = {}
+
+
+def whole_model_cache_types(model, caches, max_kv_size=None):
+    """The type of mlx-lm's cache for every layer of the model, and the first layer
+    this process holds (``caches``: mlx-lm's caches for this process).
+
+    A pipeline rank (``model.model.pipeline(group)``, as ``sharded_load`` does) keeps
+    only its layers, so the whole layout comes from an unloaded copy of the model
+    (lazy weights, never evaluated), made once per model.
+    """
+    inner = getattr(model, "model", None)
+    if getattr(inner, "pipeline_size", 1) <= 1:
+        return [type(c) for c in caches], 0
+    key = (id(model), max_kv_size)
+    if key not in _WHOLE_MODEL_LAYOUTS:
+        args = getattr(model, "args", None)
+        if args is None:
+            raise UnsupportedModelError(refusal(
+                model_type_of(model), "it is pipeline-sharded but keeps no args to rebuild its layer layout from"))
+        # The copy's random init draws from MLX's global key; restore the key so that
+        # sampling with a set seed goes as without the plugin.
+        saved_key = mx.array(mx.random.state[0])
+        mx.eval(saved_key)
+        whole = mlx_make_prompt_cache(type(model)(args), max_kv_size)
+        mx.random.state[0][...] = saved_key
+        _WHOLE_MODEL_LAYOUTS[key] = ([type(c) for c in whole], inner.start_idx)
+        weakref.finalize(model, _WHOLE_MODEL_LAYOUTS.pop, key, None)
+    return _WHOLE_MODEL_LAYOUTS[key]
 
 
 def boundary_scheme(scheme: KVScheme) -> KVScheme:

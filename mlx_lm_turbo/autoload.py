@@ -57,6 +57,9 @@ def _announce(model, caches, requested):
     if id(model) in _announced:
         return
     _announced.add(id(model))
+    import mlx.core as mx
+    if mx.distributed.init().rank() != 0:  # under mlx.launch, rank 0 speaks for them all
+        return
     from collections import Counter
 
     from .adapters import model_type_of

@@ -246,6 +246,21 @@ class _TurboCache:
     def is_trimmable(self):
         return True
 
+    # A pipeline stage ties its send into the graph through its last cache:
+    # ``cache[-1].keys = mx.depends(cache[-1].keys, h)`` (mlx-lm's pipelined models).
+    @property
+    def keys(self):
+        if self.stored is None and self.uncompressed is None:
+            raise AttributeError("an empty TurboQuant cache holds no keys")
+        return self.stored[0] if self.stored is not None else self.uncompressed.keys
+
+    @keys.setter
+    def keys(self, value):
+        if self.stored is not None:
+            self.stored = (value, *self.stored[1:])
+        else:
+            self.uncompressed.keys = value
+
     def trim(self, n):
         if self.uncompressed is not None:
             n = self.uncompressed.trim(n)

@@ -31,9 +31,10 @@ def plan(model, kv_scheme, *, boundary_skip: int = DEFAULT_BOUNDARY_SKIP, max_kv
     skip_from = "an override" if "boundary_skip" in override else "--turbo-boundary-skip"
     boundary_skip = override.get("boundary_skip", boundary_skip)
     adapter = adapter_for(model)
-    caches, layers = adapter.plan(model, scheme, boundary_skip=boundary_skip,
-                                  layer_schemes=layer_schemes, max_kv_size=max_kv_size)
-    _check_fits_model(model_type, layers, boundary_skip, skip_from, layer_schemes, override["sources"])
+    caches, layers, every_layer = adapter.plan(model, scheme, boundary_skip=boundary_skip,
+                                               layer_schemes=layer_schemes, max_kv_size=max_kv_size)
+    # Checked against the whole model: a pipeline rank holds only some of its layers.
+    _check_fits_model(model_type, every_layer, boundary_skip, skip_from, layer_schemes, override["sources"])
     return adapter, caches, layers, override
 
 
