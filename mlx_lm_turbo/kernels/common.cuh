@@ -6,11 +6,7 @@ namespace turbo {
 constexpr unsigned FULL_MASK = 0xffffffffu;
 constexpr float LOG2E = 1.4426950408889634f;
 
-// A compile-time flag as a value, to pick a generic lambda's variant.
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
-};
+// A compile-time value as an argument, to pick a generic lambda's variant.
 template <int N>
 struct Int {
   static constexpr int value = N;

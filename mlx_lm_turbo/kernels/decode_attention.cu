@@ -95,7 +95,6 @@ if constexpr (HAS_SINK_TOKENS) {
 auto tail_exact = [&](int t, int i) {
   return t >= n_tokens - n_exact && (WINDOW <= 0 || t > first_query + i - WINDOW);
 };
-auto sink_position = [&](int s) { return sink_list[s]; };
 auto is_sink = [&](int t) {
   if (!HAS_SINK_TOKENS || t < sink_lo || t > sink_hi) return false;
   if (sink_run) return true;
@@ -124,7 +123,7 @@ auto mask_term = [&](int t, int r) -> float {
 };
 // Where an exact item (sink slot s < n_sinks, else tail token) sits, and its rows.
 auto exact_token = [&](int item) {
-  return item < n_sinks ? sink_position(item) : n_tokens - n_exact + (item - n_sinks);
+  return item < n_sinks ? sink_list[item] : n_tokens - n_exact + (item - n_sinks);
 };
 auto exact_row = [&](int item, auto* sink_arr, const auto& sink_strides, auto* tail_arr,
                      const auto& tail_strides) {
@@ -158,7 +157,7 @@ for (int r = 0; r < R; ++r) {
 // One tile: up to 32 items (tokens, or exact items), one per lane for the scores,
 // then token by token for the values, each lane holding DPL dims of every row.
 auto attend_tile = [&](auto exact_tag, int first, int end) {
-  constexpr bool EXACT = decltype(exact_tag)::value;
+  constexpr bool EXACT = decltype(exact_tag)::value != 0;
   float s[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) s[r] = -INFINITY;
@@ -287,12 +286,12 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
 if (HAS_EXACT && split == n_splits) {
   const int n_items = n_sinks + n_exact;
   for (int first = warp * 32; first < n_items; first += THREADS) {
-    attend_tile(Flag<true>{}, first, n_items);
+    attend_tile(Int<1>{}, first, n_items);
   }
 } else {
   const int start = split * split_len, end = min(n_tokens, start + split_len);
   for (int first = start + warp * 32; first < end; first += THREADS) {
-    attend_tile(Flag<false>{}, first, end);
+    attend_tile(Int<0>{}, first, end);
   }
 }
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codebooks import codebook
-from .dispatch import kernel_mode, placeholder, source, use_kernel
+from .dispatch import broadcast_rows, kernel_mode, placeholder, source, use_kernel
 
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
 WARPS = 4
@@ -93,11 +93,6 @@ def _slices(n_tokens, blocks_per_slice):
                       math.ceil(TARGET_BLOCKS / blocks_per_slice)))
 
 
-def _rows(a, B):
-    """``a`` with B rows on axis 0: a view where it has one row shared by all."""
-    return a if a.shape[0] == B else mx.broadcast_to(a, (B, *a.shape[1:]))
-
-
 @lru_cache(maxsize=None)
 def _scalar(value):
     """A float32 scalar input, made once per value (an upload per call costs time)."""
@@ -136,10 +131,10 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     if kv.sinks is not None:
         keys, values, positions = kv.sinks
         n_sinks = keys.shape[2]
-        sink_keys, sink_values, sink_pos = (_rows(a, B) for a in (keys, values, positions))
+        sink_keys, sink_values, sink_pos = (broadcast_rows(a, B) for a in (keys, values, positions))
     kscale = placeholder(mx.float32)
     if codec.key_scale is not None:
-        kscale = _rows(codec.key_scale, B)
+        kscale = broadcast_rows(codec.key_scale, B)
     mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
 
     rows = min(G * L, MAX_ROW_VALUES // D)

@@ -71,6 +71,11 @@ def source(name):
     return (_SOURCES / name).read_text()
 
 
+def broadcast_rows(a, rows):
+    """``a`` with ``rows`` rows on axis 0: a view where it has one row shared by all."""
+    return a if a.shape[0] == rows else mx.broadcast_to(a, (rows, *a.shape[1:]))
+
+
 @lru_cache(maxsize=None)
 def placeholder(dtype):
     """A one-element array standing for an input a variant does not read (evaluated at

@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..codebooks import boundaries, codebook
 from ..packing import packed_words
-from .dispatch import placeholder, source, use_kernel
+from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
 WARPS = 4
 
@@ -42,7 +42,7 @@ def fused_encode(codec, keys, values):
     dtype = codec.dtype
 
     def statistic(stat):
-        return placeholder(mx.float32) if stat is None else mx.broadcast_to(stat, (B, H, D))
+        return placeholder(mx.float32) if stat is None else broadcast_rows(stat, B)
 
     k_bounds, k_levels, k_signs = (boundaries(D, kb), codebook(D, kb), codec.key_rotation.signs) \
         if kb else (placeholder(mx.float32),) * 3
