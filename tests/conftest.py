@@ -29,6 +29,15 @@ def outlier_keys(shape, seed=0, outlier_channels=4, bias=8.0):
     return keys * spread + channel_bias
 
 
+def count_merges(monkeypatch, batch_class):
+    """Record the number of caches each ``batch_class.merge`` joins (mlx-lm batches through it)."""
+    merged = []
+    original = batch_class.merge.__func__
+    monkeypatch.setattr(batch_class, "merge",
+                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    return merged
+
+
 @pytest.fixture
 def rel_err():
     return relative_error

@@ -9,7 +9,7 @@ from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
 from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
 
-from conftest import outlier_keys, relative_error
+from conftest import count_merges, outlier_keys, relative_error
 
 H, D, HQ = 2, 64, 4
 LENGTHS = [50, 7, 41]  # one row shorter than the sink tokens
@@ -277,10 +277,7 @@ def test_batch_generate_with_max_kv_size(tiny_model, monkeypatch):
 
     model, tokenizer = load(str(tiny_model("qwen3")))
     monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=0))
-    merged = []
-    original = TurboQuantBatchRotatingKVCache.merge.__func__
-    monkeypatch.setattr(TurboQuantBatchRotatingKVCache, "merge",
-                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    merged = count_merges(monkeypatch, TurboQuantBatchRotatingKVCache)
     prompts = [tokenizer.encode(t) for t in ("hello there, how are you today my friend", "a b c")]
     texts = batch_generate(model, tokenizer, prompts, max_tokens=12, max_kv_size=8).texts
     assert merged and max(merged) == 2 and len(texts) == 2

@@ -14,6 +14,7 @@ from mlx_lm.generate import batch_generate
 
 import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import make_prompt_cache, parse_scheme
+from conftest import count_merges
 from test_cli import BIN, _free_port
 from tiny_models import ARCHITECTURES
 
@@ -25,10 +26,7 @@ def test_batch_generate_with_turbo_caches_matches_one_at_a_time(tiny_model, monk
 
     model, tokenizer = load(str(tiny_model("llama")))
     monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=1))
-    merged = []
-    original = TurboQuantBatchKVCache.merge.__func__
-    monkeypatch.setattr(TurboQuantBatchKVCache, "merge",
-                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    merged = count_merges(monkeypatch, TurboQuantBatchKVCache)
     prompts = [tokenizer.encode(t) for t in ("hello there", "the quick brown fox jumps over", "a",
                                               "hello hello hello hello hello hello hello")]
     batched = batch_generate(model, tokenizer, prompts, max_tokens=10).texts
