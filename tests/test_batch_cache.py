@@ -179,7 +179,9 @@ def test_rotating_batch_equals_single_sequences(scheme):
     out = mx.concatenate(outs, axis=2)
     for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
         single, expected = rotating_single(k, v, q, n, scheme, max_size, decode)
-        assert mx.allclose(out[i:i + 1], expected, atol=1e-3).item(), i
+        # Not bit for bit even on CPU (measured: up to 1.2e-4 apart; the batch ring's
+        # row holds its window in another order); GPUs add a few fp16 roundings.
+        assert mx.allclose(out[i:i + 1], expected, atol=1e-3, rtol=0 if BIT_EXACT else 5e-3).item(), i
         extracted = batch.extract(i)
         assert extracted.offset == single.offset == n + decode
         # the same window, in temporal order, decoded to the same keys and values

@@ -232,13 +232,15 @@ def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
     assert rows and rows[0].endswith(" |") and expected in rows[0]
 
 
-def test_calls_no_gpu_run_has_checked_stay_on_the_portable_path_under_auto():
-    from mlx_lm_turbo.kernels.decode_attention import unverified
-
+@pytest.mark.gpu
+def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
+    # Both were checked against the portable path on the H200 (test_key_calibrations_...,
+    # test_sliding_window_cache), so auto no longer leaves them to the portable path.
+    monkeypatch.setenv(KERNEL_ENV, "auto")
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
-    _, view, _ = step_inputs(plain, 1, 2, 2, 64, mx.float16)
-    assert unverified(view, None) is None
-    assert unverified(view, mx.zeros((4,))) == "GPT-OSS attention sinks"
+    q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
+    assert fused_decode_attention(q, view, 0.125, mask, 3 * mx.ones((4,))) is not None
     ring = filled_cache(TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16)
-    _, view, _ = step_inputs(ring, 1, 2, 2, 64, mx.float16)
-    assert unverified(view, None) == "a sliding window's newest token held exactly"
+    q, view, mask = step_inputs(ring, 1, 2, 2, 64, mx.float16)
+    assert view.sinks is not None and view.new_keys is None  # the newest token, held exactly
+    assert fused_decode_attention(q, view, 0.125, mask) is not None
