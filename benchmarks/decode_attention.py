@@ -51,26 +51,29 @@ def cache_bytes(caches):
 
 
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
-    """Seconds per step and peak memory (bytes) above what the caches held before."""
+    """Seconds per step, seconds of it spent building the step's graph on the host (before
+    the GPU runs anything), and peak memory (bytes) above what the caches held before."""
     tokens = [mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16) for _ in range(steps + 1)]
     query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(tokens, query)
 
     def step(token):
+        start = time.perf_counter()
         x = query
         for c in caches:  # chained, as a model's layers are: one layer's K/V in flight at a time
             x = mlx_base.scaled_dot_product_attention(x, *c.update_and_fetch(token, token), cache=c,
                                                       scale=head_dim**-0.5, mask=None)
+        built = time.perf_counter() - start
         mx.eval(x)
+        return built
 
     step(tokens[0])  # warm-up: compile at this shape
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
     start = time.perf_counter()
-    for token in tokens[1:]:
-        step(token)
-    return (time.perf_counter() - start) / steps, mx.get_peak_memory() - before
+    building = sum(step(token) for token in tokens[1:])
+    return (time.perf_counter() - start) / steps, building / steps, mx.get_peak_memory() - before
 
 
 def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
@@ -134,8 +137,9 @@ def main():
         emit()
         emit(f"Decode ({args.steps} steps after a warm-up)")
         emit()
-        emit("| cache | context | block | ms/step | speed vs fp16 | cache MiB | peak MiB above caches | peak / cache |")
-        emit("|---|---:|---:|---:|---:|---:|---:|---:|")
+        emit("| cache | context | block | ms/step | speed vs fp16 | host ms/step | cache MiB | "
+             "peak MiB above caches | peak / cache |")
+        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for context in args.contexts:
         fp16_seconds = None
         runs = [("fp16", None)] + [(s, b) for s in args.schemes for b in (args.blocks or [default_block])]
@@ -145,11 +149,11 @@ def main():
             make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
             attention.DECODE_BLOCK_TOKENS = block or default_block
             caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
-            seconds, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
+            seconds, host, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
             size = cache_bytes(caches)
             fp16_seconds = fp16_seconds or seconds
             emit(f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
-                 f"{size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |")
+                 f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |")
             del caches
     attention.DECODE_BLOCK_TOKENS = default_block
     if args.prefill:

@@ -56,7 +56,8 @@ def attention_variants():
         yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
                       ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
                       ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
-                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1)]
+                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1),
+                      ("HAS_SINKS", D == 64)]
 
 
 def main():
@@ -66,8 +67,7 @@ def main():
     args = parser.parse_args()
     header = (KERNELS / "common.cuh").read_text()
     attention_body = (KERNELS / "decode_attention.cu").read_text()
-    merge_body = (KERNELS / "decode_merge.cu").read_text()
-    from mlx_lm_turbo.kernels.decode_attention import INPUTS, MERGE_INPUTS
+    from mlx_lm_turbo.kernels.decode_attention import INPUTS
 
     units = []
     variants = list(attention_variants())
@@ -78,12 +78,7 @@ def main():
                  "tail_values": dtype, "mask": "bool"}
         inputs = [(n, types.get(n, "float32")) for n in INPUTS]
         units.append(wrap("attention", attention_body, header, inputs,
-                          [("parts", "float32"), ("stats", "float32")], template))
-        t = dict(template)
-        units.append(wrap("merge", merge_body, header, [(n, "float32") for n in MERGE_INPUTS],
-                          [("out", dtype)],
-                          [("T", dtype)] + [(k, t[k]) for k in ("D",)] + [("H", 8)]
-                          + [(k, t[k]) for k in ("G", "L", "R", "NW")] + [("HAS_SINKS", t["D"] == 64)]))
+                          [("out", dtype), ("work", "float32")], template))
     encode_body = (KERNELS / "encode.cu").read_text()
     for dtype, D, (KB, VB) in list(itertools.product(("float16", "float32"), (64, 128, 256),
                                                      ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:

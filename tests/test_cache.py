@@ -184,9 +184,12 @@ def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
     # Nothing else may stay alive: e.g. a view kept of a chunk pins its whole buffer.
     keys, values = kv(1024)
     fill(TurboQuantKVCache(scheme), keys, values, chunk=256)  # codebooks, compiled kernels
+    # A GPU stream frees a buffer once the work reading it has run: wait for it.
+    mx.synchronize()
     mx.clear_cache()
     before = mx.get_active_memory()
     cache = fill(TurboQuantKVCache(scheme), keys, values, chunk=256)
+    mx.synchronize()
     mx.clear_cache()
     held = mx.get_active_memory() - before
     # A pinned chunk would be 256 KiB. The CPU allocator counts each buffer's bytes; a

@@ -1,9 +1,14 @@
 // One block: one slice of one sequence's tokens (or its exact tokens), one KV head,
 // R query rows of its GQA group. It writes the slice's unnormalised output rows and
-// their (max, sum) in log2 units; decode_merge.cu merges the slices.
+// their (max, sum) in log2 units; the group's last block to finish merges every
+// slice (log-sum-exp), adds the attention-sink logit, rotates the rows back out of
+// the value rotation and writes them: one launch a layer.
 // Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW,
 // MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_TAIL (an exact
-// chunk), HAS_SINK_TOKENS, MAX_SINKS, WINDOW (TurboKV.window, 0 for none).
+// chunk), HAS_SINK_TOKENS, MAX_SINKS, WINDOW (TurboKV.window, 0 for none), HAS_SINKS
+// (attention-sink logits). `work` holds the slices' rows, their (max, sum) and the
+// groups' counters; it starts zeroed (init_value fills every output, one launch each,
+// so the scratch is one output).
 using namespace turbo;
 constexpr int DPL = D / 32;  // dims per lane when accumulating values
 constexpr int THREADS = NW * 32;
@@ -307,6 +312,9 @@ for (int r = 0; r < R; ++r) {
 __syncthreads();
 const int n_parts = gridDim.x;
 const int64_t group_parts = int64_t(blockIdx.y) * n_parts;
+float* parts = work;
+float* stats = parts + int64_t(gridDim.y) * n_parts * R * D;
+unsigned int* counters = reinterpret_cast<unsigned int*>(stats + int64_t(gridDim.y) * n_parts * R * 2);
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   const int r = idx / D, d = idx % D;
   float M = -INFINITY;
@@ -326,4 +334,65 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
     stats[((group_parts + split) * R + r) * 2] = M;
     stats[((group_parts + split) * R + r) * 2 + 1] = l;
   }
+}
+
+// -- the group's last block merges the slices (threadFenceReduction's pattern:
+// publish, count, and read the others' results from L2, past this SM's L1)
+__shared__ bool last_block;
+__threadfence();
+__syncthreads();
+if (threadIdx.x == 0) last_block = atomicAdd(counters + blockIdx.y, 1u) == unsigned(n_parts - 1);
+__syncthreads();
+if (!last_block) return;
+__threadfence();
+
+__shared__ float row_m[R], row_l[R];
+for (int r = warp; r < R; r += NW) {
+  const int row = rg * R + r, hq = h * G + row / L, i = row % L;
+  float M = -INFINITY;
+  for (int p = lane; p < n_parts; p += 32) {
+    M = fmaxf(M, __ldcg(stats + ((group_parts + p) * R + r) * 2));
+  }
+  M = warp_max(M);
+  float sink = -INFINITY;
+  if constexpr (HAS_SINKS) {
+    if (row < ROWS) sink = sink_logits[(int64_t(b) * (n_kv_heads * G) + hq) * L + i];
+    M = fmaxf(M, sink);
+  }
+  float l = 0.0f;
+  if (M != -INFINITY) {
+    for (int p = lane; p < n_parts; p += 32) {
+      const int64_t at = ((group_parts + p) * R + r) * 2;
+      l += exp2_or_zero(__ldcg(stats + at) - M) * __ldcg(stats + at + 1);
+    }
+    l = warp_sum(l) + exp2_or_zero(sink - M);
+  }
+  if (lane == 0) {
+    row_m[r] = M;
+    row_l[r] = l;
+  }
+}
+__syncthreads();
+for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
+  const int r = idx / D, d = idx % D;
+  const float M = row_m[r];
+  float o = 0.0f;
+  if (M != -INFINITY) {
+#pragma unroll 4
+    for (int p = 0; p < n_parts; ++p) {
+      const int64_t at = (group_parts + p) * R + r;
+      o += exp2_or_zero(__ldcg(stats + at * 2) - M) * __ldcg(parts + at * D + d);
+    }
+  }
+  q_rows[idx] = row_l[r] > 0.0f ? o / row_l[r] : 0.0f;  // the query rows' memory, free now
+}
+__syncthreads();
+hadamard_rows<D>(q_rows, R);
+const float unit = rsqrtf(float(D));
+for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
+  const int r = idx / D, d = idx % D, row = rg * R + r;
+  if (row >= ROWS) continue;
+  const int hq = h * G + row / L, i = row % L;
+  out[((int64_t(b) * (n_kv_heads * G) + hq) * L + i) * D + d] =
+      from_float<T>(q_rows[idx] * unit * v_signs[d]);
 }

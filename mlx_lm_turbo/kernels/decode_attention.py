@@ -9,12 +9,13 @@ of query rows). It rotates the query rows once, reads each token's packed codes
 and fp16 norms, decodes them against the codebook in shared memory and keeps an
 online softmax per row; the exact tokens (sink tokens, the current chunk) form one
 more slice, read from their copies in the model's dtype. Each slice writes its
-unnormalised output rows and their (max, sum). ``decode_merge.cu``: one block per
-group merges them (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the
-rows back out of the value rotation and casts them.
+unnormalised output rows and their (max, sum); the last slice of a group to finish
+merges them (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the rows
+back out of the value rotation and casts them.
 
-Two launches a layer: on MLX-CUDA each op of a chained decode step costs tens of
-microseconds (benchmarks/results/decode_kernel_h200_*.md).
+One kernel a layer: on MLX-CUDA each op of a chained decode step costs tens of
+microseconds, most of it on the host (benchmarks/results/decode_kernel_h200_*.md);
+a second kernel for the merge measured slower (decode_kernel_h200_809a21d.md).
 """
 
 import math
@@ -62,23 +63,16 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
 
 INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
           "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos", "tail_keys",
-          "tail_values", "mask", "scale")
-MERGE_INPUTS = ("parts", "stats", "sink_logits", "v_signs")
+          "tail_values", "mask", "scale", "v_signs", "sink_logits")
 
 
 @lru_cache(maxsize=None)
-def _kernels():
-    """(the slices' kernel, the merge kernel)."""
-    slices = mx.fast.cuda_kernel(
-        name="turbo_decode_attention", input_names=list(INPUTS), output_names=["parts", "stats"],
+def _kernel():
+    return mx.fast.cuda_kernel(
+        name="turbo_decode_attention", input_names=list(INPUTS), output_names=["out", "work"],
         source=source("decode_attention.cu"), header=source("common.cuh"),
         ensure_row_contiguous=False,
     )
-    merge = mx.fast.cuda_kernel(
-        name="turbo_decode_merge", input_names=list(MERGE_INPUTS), output_names=["out"],
-        source=source("decode_merge.cu"), header=source("common.cuh"),
-    )
-    return slices, merge
 
 
 def _slices(n_tokens, blocks_per_slice):
@@ -146,28 +140,22 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             logits = logits - shift[..., 0]
         sink_logits = mx.contiguous(logits * math.log2(math.e))
     groups = B * H * row_groups
-    slices, merge = _kernels()
-    parts, stats = slices(
+    out, _ = _kernel()(
         inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
                 k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
-                tail_keys, tail_values, mask_arg, _scalar(scale)],
+                tail_keys, tail_values, mask_arg, _scalar(scale), codec.value_rotation.signs,
+                sink_logits],
         template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
                   ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
                   ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
                   ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
-                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window)],
+                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window),
+                  ("HAS_SINKS", sinks is not None)],
         grid=(n_parts * 32 * WARPS, groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
-        output_shapes=[(groups, n_parts, rows, D), (groups, n_parts, rows, 2)],
-        output_dtypes=[mx.float32, mx.float32],
-    )
-    (out,) = merge(
-        inputs=[parts, stats, sink_logits, codec.value_rotation.signs],
-        template=[("T", dtype), ("D", D), ("H", H), ("G", G), ("L", L), ("R", rows), ("NW", WARPS),
-                  ("HAS_SINKS", sinks is not None)],
-        grid=(groups * 32 * WARPS, 1, 1),
-        threadgroup=(32 * WARPS, 1, 1),
-        output_shapes=[queries.shape],
-        output_dtypes=[dtype],
+        # parts (rows x D), stats (max, sum per row) and a counter per group, in float32 units
+        output_shapes=[queries.shape, (groups * (n_parts * rows * (D + 2) + 1),)],
+        output_dtypes=[dtype, mx.float32],
+        init_value=0,  # the counters start at zero (the rest is written before it is read)
     )
     return out
