@@ -2,7 +2,7 @@
 
 It only installs a tiny import finder: nothing of mlx or mlx-lm is imported here.
 When one of mlx-lm's modules listed below has executed, the plugin attaches to it
-(``mlx_lm_turbo.autoload``). ``MLX_LM_TURBO_DISABLE=1`` turns the plugin off: then
+(``mlx_lm_turbo.attach``). ``MLX_LM_TURBO_DISABLE=1`` turns the plugin off: then
 the commands only say, when they fail on something the plugin provides (its
 options, a prompt-cache file of its caches), that it is turned off. If attaching
 fails, mlx-lm keeps working and one warning says why.
@@ -11,28 +11,44 @@ fails, mlx-lm keeps working and one warning says why.
 import os
 import sys
 
-TARGETS = frozenset({
-    "mlx_lm.models.cache", "mlx_lm.generate", "mlx_lm.chat", "mlx_lm.cache_prompt",
-    "mlx_lm.benchmark", "mlx_lm.perplexity", "mlx_lm.server", "mlx_lm.evaluate",
-})
+TARGETS = frozenset(
+    {
+        "mlx_lm.models.cache",
+        "mlx_lm.generate",
+        "mlx_lm.chat",
+        "mlx_lm.cache_prompt",
+        "mlx_lm.benchmark",
+        "mlx_lm.perplexity",
+        "mlx_lm.server",
+        "mlx_lm.evaluate",
+    }
+)
 DISABLE = "MLX_LM_TURBO_DISABLE"
 OPTIONS = ("--kv-scheme", "--turbo-boundary-skip", "--turbo-uncompressed-start")
 
 
 def disabled():
     """Whether ``MLX_LM_TURBO_DISABLE`` turns the plugin off: any value but empty, 0, false, no, off."""
-    return os.environ.get(DISABLE, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return os.environ.get(DISABLE, "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 def _attach(module):
     try:
-        from mlx_lm_turbo.autoload import attach
+        from mlx_lm_turbo.attach import attach
 
         attach(module)
     except Exception as error:  # never break plain mlx-lm
         import warnings
 
-        warnings.warn(f"mlx-lm-turbo could not attach to {module.__name__} and is inactive there: {error!r}")
+        warnings.warn(
+            f"mlx-lm-turbo could not attach to {module.__name__} and is inactive there: {error!r}"
+        )
 
 
 def _explain_when_disabled(module):
@@ -47,13 +63,21 @@ def _explain_when_disabled(module):
         except KeyError as error:  # load_prompt_cache looks cache classes up by name
             if not (error.args and str(error.args[0]).startswith("TurboQuant")):
                 raise
-            print(f"mlx-lm-turbo: the prompt-cache file holds {error.args[0]} caches, which load only "
-                  f"with mlx-lm-turbo on, and {DISABLE} is set: unset it.", file=sys.stderr)
+            print(
+                f"mlx-lm-turbo: the prompt-cache file holds {error.args[0]} caches, which load only "
+                f"with mlx-lm-turbo on, and {DISABLE} is set: unset it.",
+                file=sys.stderr,
+            )
             raise SystemExit(2) from None
         except SystemExit as error:
-            if error.code == 2 and any(a.split("=")[0] in OPTIONS for a in sys.argv[1:]):
-                print(f"mlx-lm-turbo: {', '.join(OPTIONS)} are off because {DISABLE} is set: "
-                      "unset it to use them.", file=sys.stderr)
+            if error.code == 2 and any(
+                a.split("=")[0] in OPTIONS for a in sys.argv[1:]
+            ):
+                print(
+                    f"mlx-lm-turbo: {', '.join(OPTIONS)} are off because {DISABLE} is set: "
+                    "unset it to use them.",
+                    file=sys.stderr,
+                )
             raise
 
     module.main = main

@@ -30,9 +30,9 @@ import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 from mlx_lm.models.cache import KVCache
 
-import mlx_lm_turbo.attention as attention
+import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
-from mlx_lm_turbo.integration import install_attention_dispatch
+from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels import KERNEL_ENV
 
 
@@ -40,7 +40,9 @@ def filled_caches(make, layers, context, kv_heads, head_dim):
     caches = [make() for _ in range(layers)]
     for c in caches:
         for start in range(0, context, 4096):  # in chunks, as a prefill fills them
-            kv = mx.random.normal((1, kv_heads, min(4096, context - start), head_dim)).astype(mx.float16)
+            kv = mx.random.normal(
+                (1, kv_heads, min(4096, context - start), head_dim)
+            ).astype(mx.float16)
             c.update_and_fetch(kv, kv)
             mx.eval([a for a in c.state if isinstance(a, mx.array)])
     return caches
@@ -53,16 +55,26 @@ def cache_bytes(caches):
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     """Seconds per step, seconds of it spent building the step's graph on the host (before
     the GPU runs anything), and peak memory (bytes) above what the caches held before."""
-    tokens = [mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16) for _ in range(steps + 1)]
+    tokens = [
+        mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16)
+        for _ in range(steps + 1)
+    ]
     query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(tokens, query)
 
     def step(token):
         start = time.perf_counter()
         x = query
-        for c in caches:  # chained, as a model's layers are: one layer's K/V in flight at a time
-            x = mlx_base.scaled_dot_product_attention(x, *c.update_and_fetch(token, token), cache=c,
-                                                      scale=head_dim**-0.5, mask=None)
+        for c in (
+            caches
+        ):  # chained, as a model's layers are: one layer's K/V in flight at a time
+            x = mlx_base.scaled_dot_product_attention(
+                x,
+                *c.update_and_fetch(token, token),
+                cache=c,
+                scale=head_dim**-0.5,
+                mask=None,
+            )
         built = time.perf_counter() - start
         mx.eval(x)
         return built
@@ -73,15 +85,23 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.reset_peak_memory()
     start = time.perf_counter()
     building = sum(step(token) for token in tokens[1:])
-    return (time.perf_counter() - start) / steps, building / steps, mx.get_peak_memory() - before
+    return (
+        (time.perf_counter() - start) / steps,
+        building / steps,
+        mx.get_peak_memory() - before,
+    )
 
 
 def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
     """Seconds and peak memory (bytes, caches included) of a chunked prefill through the stack."""
     caches = [make() for _ in range(layers)]
     group = q_heads // kv_heads
-    chunks = [mx.random.normal((1, kv_heads, min(chunk, prompt - s), head_dim)).astype(mx.float16)
-              for s in range(0, prompt, chunk)]
+    chunks = [
+        mx.random.normal((1, kv_heads, min(chunk, prompt - s), head_dim)).astype(
+            mx.float16
+        )
+        for s in range(0, prompt, chunk)
+    ]
     mx.eval(chunks)
     mx.clear_cache()
     before = mx.get_active_memory()
@@ -90,24 +110,42 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
     for kv in chunks:
         x = mx.repeat(kv, group, axis=1)
         for c in caches:
-            x = mlx_base.scaled_dot_product_attention(x, *c.update_and_fetch(kv, kv), cache=c,
-                                                      scale=head_dim**-0.5, mask="causal")
+            x = mlx_base.scaled_dot_product_attention(
+                x,
+                *c.update_and_fetch(kv, kv),
+                cache=c,
+                scale=head_dim**-0.5,
+                mask="causal",
+            )
         mx.eval(x, [a for c in caches for a in c.state if isinstance(a, mx.array)])
         mx.clear_cache()
-    return time.perf_counter() - start, mx.get_peak_memory() - before, cache_bytes(caches)
+    return (
+        time.perf_counter() - start,
+        mx.get_peak_memory() - before,
+        cache_bytes(caches),
+    )
 
 
 def header():
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
-    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, commit {commit}"
-            f"{' (uncommitted changes)' if dirty else ''}, {mx.default_device()}, {platform.machine()}, "
-            f"mlx {mx.__version__}")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, commit {commit}"
+        f"{' (uncommitted changes)' if dirty else ''}, {mx.default_device()}, {platform.machine()}, "
+        f"mlx {mx.__version__}"
+    )
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384, 65536])
     parser.add_argument("--schemes", nargs="+", default=["turbo4"])
     parser.add_argument("--layers", type=int, default=8)
@@ -115,10 +153,20 @@ def main():
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--prefill", type=int, default=16384, help="prompt tokens (0: skip the prefill table)")
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        default=16384,
+        help="prompt tokens (0: skip the prefill table)",
+    )
     parser.add_argument("--chunk", type=int, default=2048)
-    parser.add_argument("--blocks", type=int, nargs="*", default=[],
-                        help="decode key-block sizes to compare (default: the library's)")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        nargs="*",
+        default=[],
+        help="decode key-block sizes to compare (default: the library's)",
+    )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     install_attention_dispatch()
@@ -129,48 +177,71 @@ def main():
         lines.append(line)
 
     emit(header())
-    emit(f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
-         f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
-         f"{attention.PREFILL_BLOCK_SCORES} scores")
+    emit(
+        f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
+        f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
+        f"{attention.PREFILL_BLOCK_SCORES} scores"
+    )
     default_block = attention.DECODE_BLOCK_TOKENS
     if args.contexts:
         emit()
         emit(f"Decode ({args.steps} steps after a warm-up)")
         emit()
-        emit("| cache | context | block | ms/step | speed vs fp16 | host ms/step | cache MiB | "
-             "peak MiB above caches | peak / cache |")
+        emit(
+            "| cache | context | block | ms/step | speed vs fp16 | host ms/step | cache MiB | "
+            "peak MiB above caches | peak / cache |"
+        )
         emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for context in args.contexts:
         fp16_seconds = None
-        runs = [("fp16", None)] + [(s, b) for s in args.schemes for b in (args.blocks or [default_block])]
+        runs = [("fp16", None)] + [
+            (s, b) for s in args.schemes for b in (args.blocks or [default_block])
+        ]
         for name, block in runs:
             scheme, _, mode = name.partition(":")
             os.environ[KERNEL_ENV] = mode or "auto"
             make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
             attention.DECODE_BLOCK_TOKENS = block or default_block
-            caches = filled_caches(make, args.layers, context, args.kv_heads, args.head_dim)
-            seconds, host, peak = decode_steps(caches, args.steps, args.q_heads, args.kv_heads, args.head_dim)
+            caches = filled_caches(
+                make, args.layers, context, args.kv_heads, args.head_dim
+            )
+            seconds, host, peak = decode_steps(
+                caches, args.steps, args.q_heads, args.kv_heads, args.head_dim
+            )
             size = cache_bytes(caches)
             fp16_seconds = fp16_seconds or seconds
-            emit(f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
-                 f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |")
+            emit(
+                f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
+                f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |"
+            )
             del caches
     attention.DECODE_BLOCK_TOKENS = default_block
     if args.prefill:
         emit()
         emit(f"Prefill of {args.prefill} tokens in {args.chunk}-token chunks")
         emit()
-        emit("| cache | seconds | peak MiB (caches included) | peak vs fp16 | cache MiB at the end |")
+        emit(
+            "| cache | seconds | peak MiB (caches included) | peak vs fp16 | cache MiB at the end |"
+        )
         emit("|---|---:|---:|---:|---:|")
         fp16_peak = None
         for name in ["fp16", *args.schemes]:
             scheme, _, mode = name.partition(":")
             os.environ[KERNEL_ENV] = mode or "auto"
             make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
-            seconds, peak, size = prefill(make, args.layers, args.prefill, args.chunk, args.q_heads,
-                                          args.kv_heads, args.head_dim)
+            seconds, peak, size = prefill(
+                make,
+                args.layers,
+                args.prefill,
+                args.chunk,
+                args.q_heads,
+                args.kv_heads,
+                args.head_dim,
+            )
             fp16_peak = fp16_peak or peak
-            emit(f"| {name} | {seconds:.1f} | {peak / 2**20:.1f} | {peak / fp16_peak:.2f}x | {size / 2**20:.1f} |")
+            emit(
+                f"| {name} | {seconds:.1f} | {peak / 2**20:.1f} | {peak / fp16_peak:.2f}x | {size / 2**20:.1f} |"
+            )
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

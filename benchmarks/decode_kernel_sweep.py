@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decode_attention import decode_steps, filled_caches  # noqa: E402
 
 from mlx_lm_turbo import TurboQuantKVCache  # noqa: E402
-from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention  # noqa: E402
-from mlx_lm_turbo.integration import install_attention_dispatch  # noqa: E402
+from mlx_lm_turbo.cache.attention import (  # noqa: E402
+    install_attention_dispatch,
+    turbo_scaled_dot_product_attention,
+)
 from mlx_lm_turbo.kernels import decode_attention  # noqa: E402
 
 SHAPE = dict(q_heads=32, kv_heads=8, head_dim=128)
@@ -28,8 +30,12 @@ SHAPE = dict(q_heads=32, kv_heads=8, head_dim=128)
 
 def attention_alone(caches, steps, turbo):
     """Seconds per step of 8 chained layers attending to caches that do not grow."""
-    token = mx.random.normal((1, SHAPE["kv_heads"], 1, SHAPE["head_dim"])).astype(mx.float16)
-    query = mx.random.normal((1, SHAPE["q_heads"], 1, SHAPE["head_dim"])).astype(mx.float16)
+    token = mx.random.normal((1, SHAPE["kv_heads"], 1, SHAPE["head_dim"])).astype(
+        mx.float16
+    )
+    query = mx.random.normal((1, SHAPE["q_heads"], 1, SHAPE["head_dim"])).astype(
+        mx.float16
+    )
     fixed = [c.update_and_fetch(token, token) for c in caches]
     scale = SHAPE["head_dim"] ** -0.5
 
@@ -59,24 +65,35 @@ def main():
     args = parser.parse_args()
     install_attention_dispatch()
     print(f"{mx.default_device()}, 8 layers, {SHAPE}")
-    print("| context | cache | warps | target blocks | step ms | vs fp16 | attention ms | vs fp16 |")
+    print(
+        "| context | cache | warps | target blocks | step ms | vs fp16 | attention ms | vs fp16 |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     make_turbo = lambda: TurboQuantKVCache(args.scheme)  # noqa: E731
-    fill = lambda make: filled_caches(make, 8, context, SHAPE["kv_heads"], SHAPE["head_dim"])  # noqa: E731
+
+    def fill(make):
+        return filled_caches(make, 8, context, SHAPE["kv_heads"], SHAPE["head_dim"])  # noqa: E731
+
     for context in args.contexts:
         fp16_step, _, _ = decode_steps(fill(KVCache), args.steps, **SHAPE)
         fp16_attention = attention_alone(fill(KVCache), args.steps, turbo=False)
-        print(f"| {context} | fp16 | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
-              f"{fp16_attention * 1e3:.2f} | 1.00x |", flush=True)
+        print(
+            f"| {context} | fp16 | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
+            f"{fp16_attention * 1e3:.2f} | 1.00x |",
+            flush=True,
+        )
         for warps in args.warps:
             for target in args.targets:
                 decode_attention.WARPS, decode_attention.TARGET_BLOCKS = warps, target
                 decode_attention.MIN_SLICE_TOKENS = 32 * warps
                 step, _, _ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
                 attention = attention_alone(fill(make_turbo), args.steps, turbo=True)
-                print(f"| {context} | {args.scheme} | {warps} | {target} | {step * 1e3:.2f} | "
-                      f"{fp16_step / step:.2f}x | {attention * 1e3:.2f} | "
-                      f"{fp16_attention / attention:.2f}x |", flush=True)
+                print(
+                    f"| {context} | {args.scheme} | {warps} | {target} | {step * 1e3:.2f} | "
+                    f"{fp16_step / step:.2f}x | {attention * 1e3:.2f} | "
+                    f"{fp16_attention / attention:.2f}x |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

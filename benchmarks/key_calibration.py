@@ -23,10 +23,14 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import TurboQuantKVCache, make_prompt_cache
-from mlx_lm_turbo.codec import KEY_CALIBRATIONS
-from mlx_lm_turbo.bench import BOOK as TEXT
-from mlx_lm_turbo.gguf import demo_model_path
-from mlx_lm_turbo.quality import affine_after_prefill, compare, teacher_forced_logprobs
+from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
+from mlx_lm_turbo.tools.bench import BOOK as TEXT
+from mlx_lm_turbo.tools.gguf import demo_model_path
+from mlx_lm_turbo.tools.quality import (
+    affine_after_prefill,
+    compare,
+    teacher_forced_logprobs,
+)
 
 
 def with_sink_tokens(cache, n):
@@ -37,56 +41,109 @@ def with_sink_tokens(cache, n):
 
 
 def affine_logprobs(model, tokens, prefill, bits):
-    return teacher_forced_logprobs(model, tokens, mlx_make_prompt_cache(model), prefill, affine_after_prefill(bits))
+    return teacher_forced_logprobs(
+        model, tokens, mlx_make_prompt_cache(model), prefill, affine_after_prefill(bits)
+    )
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="mlx-lm model dir (default: the demo model)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default=None, help="mlx-lm model dir (default: the demo model)"
+    )
     parser.add_argument("--prefill", type=int, default=2048)
     parser.add_argument("--decode", type=int, default=256)
-    parser.add_argument("--schemes", nargs="+", default=["turbo4", "turbo3", "turbo2", "turbo4v2", "turbo8v4"])
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        default=["turbo4", "turbo3", "turbo2", "turbo4v2", "turbo8v4"],
+    )
     parser.add_argument("--boundary-skip", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--calibrations", nargs="+", choices=KEY_CALIBRATIONS, default=list(KEY_CALIBRATIONS))
-    parser.add_argument("--sink-tokens", type=int, nargs="+", default=[TurboQuantKVCache.sink_tokens])
+    parser.add_argument(
+        "--calibrations",
+        nargs="+",
+        choices=KEY_CALIBRATIONS,
+        default=list(KEY_CALIBRATIONS),
+    )
+    parser.add_argument(
+        "--sink-tokens", type=int, nargs="+", default=[TurboQuantKVCache.sink_tokens]
+    )
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args()
 
     model, tokenizer = load(str(args.model or demo_model_path()))
     text = TEXT.read_text()
     start = len(text) // 10  # past the front matter
-    tokens = mx.array(tokenizer.encode(text[start:start + 12 * (args.prefill + args.decode)]))
+    tokens = mx.array(
+        tokenizer.encode(text[start : start + 12 * (args.prefill + args.decode)])
+    )
     tokens = tokens[: args.prefill + args.decode]
-    targets = tokens[args.prefill:]
+    targets = tokens[args.prefill :]
 
-    reference = teacher_forced_logprobs(model, tokens, mlx_make_prompt_cache(model), args.prefill)
+    reference = teacher_forced_logprobs(
+        model, tokens, mlx_make_prompt_cache(model), args.prefill
+    )
     rows = []
 
     def record(name, calibration, skip, sinks, logprobs, t0):
-        row = {"cache": name, "key_calibration": calibration, "boundary_skip": skip, "sink_tokens": sinks,
-               **compare(reference, logprobs, targets), "seconds": round(time.time() - t0, 1)}
+        row = {
+            "cache": name,
+            "key_calibration": calibration,
+            "boundary_skip": skip,
+            "sink_tokens": sinks,
+            **compare(reference, logprobs, targets),
+            "seconds": round(time.time() - t0, 1),
+        }
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
 
     t0 = time.time()
-    record("affine4 (g64)", "-", "-", "-", affine_logprobs(model, tokens, args.prefill, 4), t0)
+    record(
+        "affine4 (g64)",
+        "-",
+        "-",
+        "-",
+        affine_logprobs(model, tokens, args.prefill, 4),
+        t0,
+    )
     for scheme in args.schemes:
         for skip in args.boundary_skip:
             for calibration in args.calibrations:
                 for sinks in args.sink_tokens:
                     t0 = time.time()
-                    cache = with_sink_tokens(make_prompt_cache(model, scheme, boundary_skip=skip,
-                                                               key_calibration=calibration), sinks)
-                    record(scheme, calibration, skip, sinks,
-                           teacher_forced_logprobs(model, tokens, cache, args.prefill), t0)
+                    cache = with_sink_tokens(
+                        make_prompt_cache(
+                            model,
+                            scheme,
+                            boundary_skip=skip,
+                            key_calibration=calibration,
+                        ),
+                        sinks,
+                    )
+                    record(
+                        scheme,
+                        calibration,
+                        skip,
+                        sinks,
+                        teacher_forced_logprobs(model, tokens, cache, args.prefill),
+                        t0,
+                    )
 
-    print(f"\n{args.prefill}-token prefill, {args.decode} teacher-forced decode steps; "
-          f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}\n")
-    print("| cache | key calibration | boundary skip | sink tokens | KL vs fp16 | top-1 | perplexity |")
+    print(
+        f"\n{args.prefill}-token prefill, {args.decode} teacher-forced decode steps; "
+        f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}\n"
+    )
+    print(
+        "| cache | key calibration | boundary skip | sink tokens | KL vs fp16 | top-1 | perplexity |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | {r['sink_tokens']} | "
-              f"{r['kl']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} |")
+        print(
+            f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | {r['sink_tokens']} | "
+            f"{r['kl']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

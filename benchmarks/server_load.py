@@ -37,9 +37,19 @@ def peak_rss(pid):
 
 def run_load(model, scheme, clients, requests_per_client, max_tokens):
     port = free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "mlx_lm.server"), "--model", model,
-                               "--port", str(port), "--kv-scheme", scheme],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlx_lm.server"),
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--kv-scheme",
+            scheme,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while True:
             try:
@@ -47,19 +57,33 @@ def run_load(model, scheme, clients, requests_per_client, max_tokens):
                 break
             except OSError:
                 time.sleep(0.2)
-        shared = "You are reading a long novel about a family in the English countryside. "
+        shared = (
+            "You are reading a long novel about a family in the English countryside. "
+        )
         tokens, errors = [0], []
 
         def client(c):
             for r in range(requests_per_client):
                 question = f"Question {c}-{r}: " + "tell me more " * ((c + r) % 6)
-                body = json.dumps({"messages": [{"role": "user", "content": shared * (1 + c % 3) + question}],
-                                   "max_tokens": max_tokens, "temperature": 0.0}).encode()
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                                 headers={"Content-Type": "application/json"})
+                body = json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": shared * (1 + c % 3) + question}
+                        ],
+                        "max_tokens": max_tokens,
+                        "temperature": 0.0,
+                    }
+                ).encode()
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=600) as response:
-                        tokens[0] += json.loads(response.read())["usage"]["completion_tokens"]
+                        tokens[0] += json.loads(response.read())["usage"][
+                            "completion_tokens"
+                        ]
                 except Exception as error:
                     errors.append(repr(error))
 
@@ -71,8 +95,14 @@ def run_load(model, scheme, clients, requests_per_client, max_tokens):
         for t in threads:
             t.join()
         seconds = time.perf_counter() - start
-        return {"scheme": scheme, "tokens": tokens[0], "seconds": seconds, "tokens_per_second": tokens[0] / seconds,
-                "peak_rss": peak_rss(server.pid), "errors": len(errors)}
+        return {
+            "scheme": scheme,
+            "tokens": tokens[0],
+            "seconds": seconds,
+            "tokens_per_second": tokens[0] / seconds,
+            "peak_rss": peak_rss(server.pid),
+            "errors": len(errors),
+        }
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -92,8 +122,12 @@ def cache_bytes_per_token(model_path, scheme, tokens=512):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="mlx-lm model directory (default: the demo model)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", help="mlx-lm model directory (default: the demo model)"
+    )
     parser.add_argument("--schemes", nargs="+", default=["none", "turbo4"])
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=2, help="requests per client")
@@ -101,21 +135,30 @@ def main():
     parser.add_argument("--prompt-cache-bytes", type=int, default=1 << 30)
     args = parser.parse_args()
     if args.model is None:
-        from mlx_lm_turbo.gguf import demo_model_path
+        from mlx_lm_turbo.tools.gguf import demo_model_path
 
         args.model = str(demo_model_path())
     os.environ.pop("MLX_LM_TURBO_KV_SCHEME", None)
-    rows = [run_load(args.model, s, args.clients, args.requests, args.max_tokens) for s in args.schemes]
+    rows = [
+        run_load(args.model, s, args.clients, args.requests, args.max_tokens)
+        for s in args.schemes
+    ]
     base = rows[0]
-    print(f"{args.clients} concurrent clients x {args.requests} requests, {args.max_tokens} tokens each, "
-          f"model {args.model}\n")
-    print(f"| --kv-scheme | tokens/s (all clients) | vs {base['scheme']} | server peak RSS (MiB) | errors | "
-          f"KV bytes/token | prompt tokens in {args.prompt_cache_bytes / 2**30:.0f} GiB |")
+    print(
+        f"{args.clients} concurrent clients x {args.requests} requests, {args.max_tokens} tokens each, "
+        f"model {args.model}\n"
+    )
+    print(
+        f"| --kv-scheme | tokens/s (all clients) | vs {base['scheme']} | server peak RSS (MiB) | errors | "
+        f"KV bytes/token | prompt tokens in {args.prompt_cache_bytes / 2**30:.0f} GiB |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         per_token = cache_bytes_per_token(args.model, r["scheme"])
-        print(f"| {r['scheme']} | {r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base['tokens_per_second']:.2f}x | "
-              f"{r['peak_rss'] / 2**20:.0f} | {r['errors']} | {per_token:.0f} | {args.prompt_cache_bytes / per_token:,.0f} |")
+        print(
+            f"| {r['scheme']} | {r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base['tokens_per_second']:.2f}x | "
+            f"{r['peak_rss'] / 2**20:.0f} | {r['errors']} | {per_token:.0f} | {args.prompt_cache_bytes / per_token:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def wall(code, disabled):
 
 
 def plugin_import_ms(code):
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True).stderr
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True
+    ).stderr
     total = 0
     for line in err.splitlines():
         match = re.match(r"import time:\s+(\d+) \|\s+\d+ \|\s+(.*)", line)
@@ -40,10 +42,14 @@ def plugin_import_ms(code):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args()
-    print("| command | plugin on, best / median (ms) | plugin off, best / median (ms) | difference of bests (ms) | plugin's own imports (ms) |")
+    print(
+        "| command | plugin on, best / median (ms) | plugin off, best / median (ms) | difference of bests (ms) | plugin's own imports (ms) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for label, code in CASES.items():
         on, off = [], []
@@ -51,9 +57,11 @@ def main():
             on.append(wall(code, False))
             off.append(wall(code, True))
         # The best run is the least disturbed by the machine's noise; the median is shown too.
-        print(f"| `{label}` | {1000 * min(on):.1f} / {1000 * statistics.median(on):.1f} | "
-              f"{1000 * min(off):.1f} / {1000 * statistics.median(off):.1f} | "
-              f"{1000 * (min(on) - min(off)):+.1f} | {plugin_import_ms(code):.2f} |")
+        print(
+            f"| `{label}` | {1000 * min(on):.1f} / {1000 * statistics.median(on):.1f} | "
+            f"{1000 * min(off):.1f} / {1000 * statistics.median(off):.1f} | "
+            f"{1000 * (min(on) - min(off)):+.1f} | {plugin_import_ms(code):.2f} |"
+        )
 
 
 if __name__ == "__main__":

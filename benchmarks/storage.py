@@ -1,6 +1,6 @@
 """Bytes a 4096-token cache really holds, per scheme, against fp16 (measured ``nbytes``).
 
-    python benchmarks/storage.py [--tokens 4096] [--head-dims 64 128]
+python benchmarks/storage.py [--tokens 4096] [--head-dims 64 128]
 """
 
 import argparse
@@ -14,7 +14,9 @@ SCHEMES = ("turbo8", "turbo4", "turbo3", "turbo2", "turbo4v2", "turbo8v4", "turb
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -32,7 +34,9 @@ def main():
             cache.update_and_fetch(keys, values)
             mx.eval(cache.stored)
             bits = sum(a.nbytes for a in cache.stored) * 8 / (2 * keys.size)
-            print(f"| {scheme} | {head_dim} | {bits:.3f} | {cache.nbytes / fp16.nbytes:.3f}x |")
+            print(
+                f"| {scheme} | {head_dim} | {bits:.3f} | {cache.nbytes / fp16.nbytes:.3f}x |"
+            )
 
 
 if __name__ == "__main__":

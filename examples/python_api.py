@@ -13,11 +13,13 @@ from mlx_lm import generate, load
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 import mlx_lm_turbo
-from mlx_lm_turbo.gguf import demo_model_path
+from mlx_lm_turbo.tools.gguf import demo_model_path
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model")
     parser.add_argument("--kv-scheme", default="turbo4")
     parser.add_argument("--max-tokens", type=int, default=40)
@@ -27,9 +29,21 @@ def main():
 
     cache = mlx_lm_turbo.make_prompt_cache(model, args.kv_scheme, model_path=model_path)
     messages = [{"role": "user", "content": "Name three planets of the solar system."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    print(generate(model, tokenizer, prompt=prompt, prompt_cache=cache, max_tokens=args.max_tokens))
-    print(f"\nKV cache: {sum(c.nbytes for c in cache):,} bytes after {cache[0].offset} tokens")
+    prompt = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    print(
+        generate(
+            model,
+            tokenizer,
+            prompt=prompt,
+            prompt_cache=cache,
+            max_tokens=args.max_tokens,
+        )
+    )
+    print(
+        f"\nKV cache: {sum(c.nbytes for c in cache):,} bytes after {cache[0].offset} tokens"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "cache.safetensors")
@@ -37,8 +51,19 @@ def main():
         print(f"saved {Path(path).stat().st_size:,} bytes")
         reloaded = load_prompt_cache(path)
         follow_up = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Which one is largest?"}], add_generation_prompt=True, tokenize=False)
-        print(generate(model, tokenizer, prompt=follow_up, prompt_cache=reloaded, max_tokens=args.max_tokens))
+            [{"role": "user", "content": "Which one is largest?"}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        print(
+            generate(
+                model,
+                tokenizer,
+                prompt=follow_up,
+                prompt_cache=reloaded,
+                max_tokens=args.max_tokens,
+            )
+        )
 
 
 if __name__ == "__main__":

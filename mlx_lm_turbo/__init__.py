@@ -1,5 +1,13 @@
 """TurboQuant KV-cache compression for mlx-lm.
 
+Layers, lowest first (a module imports only from its own layer or lower ones):
+``errors``, ``compat``, ``settings``; ``codec/`` (schemes, codebooks, rotation, bit
+packing, the codec); ``kernels/`` (fused CUDA kernels beside their portable
+references); ``cache/`` (the caches, ``TurboKV`` and attention); ``plugin/`` (the
+plugin API, adapters, overrides, ``make_prompt_cache``); ``attach/`` (what the
+start-up hook does to mlx-lm's commands); ``tools/`` (the ``mlx-lm-turbo`` command:
+demo, bench, doctor, the GGUF converter).
+
 Names load on first use, so the start-up hook that attaches the plugin to
 mlx-lm does not pay for what a command never touches.
 """
@@ -7,13 +15,21 @@ mlx-lm does not pay for what a command never touches.
 import importlib
 
 _EXPORTS = {
-    "KVScheme": ".schemes", "parse_scheme": ".schemes",
-    "TurboKV": ".cache", "TurboQuantKVCache": ".cache", "TurboQuantRotatingKVCache": ".cache",
-    "make_prompt_cache": ".prompt_cache", "plan": ".prompt_cache",
+    "KVScheme": ".codec.schemes",
+    "parse_scheme": ".codec.schemes",
+    "TurboKV": ".cache.view",
+    "TurboQuantKVCache": ".cache.cache",
+    "TurboQuantRotatingKVCache": ".cache.cache",
+    "make_prompt_cache": ".plugin.prompt_cache",
+    "plan": ".plugin.prompt_cache",
     "UnsupportedModelError": ".errors",
-    # the plugin API (mlx_lm_turbo/hookspecs.py)
-    "hookimpl": ".hookspecs", "Adapter": ".adapters", "AdapterPlugin": ".adapters",
-    "Capabilities": ".adapters", "OverrideRegistry": ".registry", "register_override": ".registry",
+    # the plugin API (mlx_lm_turbo/plugin/hookspecs.py)
+    "hookimpl": ".plugin.hookspecs",
+    "Adapter": ".plugin.adapters",
+    "AdapterPlugin": ".plugin.adapters",
+    "Capabilities": ".plugin.adapters",
+    "OverrideRegistry": ".plugin.registry",
+    "register_override": ".plugin.registry",
 }
 __all__ = list(_EXPORTS)
 

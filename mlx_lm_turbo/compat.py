@@ -18,7 +18,9 @@ def _version_tuple(text):
     return tuple(parts + [0] * (3 - len(parts)))
 
 
-LOWEST, FIRST_UNTESTED = (_version_tuple(bound.lstrip("<>=")) for bound in MLX_LM_RANGE.split(","))
+LOWEST, FIRST_UNTESTED = (
+    _version_tuple(bound.lstrip("<>=")) for bound in MLX_LM_RANGE.split(",")
+)
 
 
 def installed_mlx_lm_version() -> str:
@@ -33,8 +35,10 @@ def supported() -> bool:
 
 
 def unsupported_message() -> str:
-    return (f"mlx-lm-turbo is tested with mlx-lm {MLX_LM_RANGE}, but mlx-lm {installed_mlx_lm_version()} is "
-            f'installed. Install a tested one (pip install "mlx-lm{MLX_LM_RANGE}") or run without --kv-scheme.')
+    return (
+        f"mlx-lm-turbo is tested with mlx-lm {MLX_LM_RANGE}, but mlx-lm {installed_mlx_lm_version()} is "
+        f'installed. Install a tested one (pip install "mlx-lm{MLX_LM_RANGE}") or run without --kv-scheme.'
+    )
 
 
 def check_mlx_lm_version():
@@ -49,8 +53,12 @@ _noticed = False
 def notice_if_scheme_asked(env_scheme):
     """Outside the range: say once, on stderr, that a requested scheme is not applied."""
     global _noticed
-    asked = any(a == "--kv-scheme" or a.startswith("--kv-scheme=") for a in sys.argv) or \
-        env_scheme not in (None, "", "none")
+    asked = any(
+        a == "--kv-scheme" or a.startswith("--kv-scheme=") for a in sys.argv
+    ) or env_scheme not in (None, "", "none")
     if asked and not _noticed:
         _noticed = True
-        print(f"mlx-lm-turbo is inactive, --kv-scheme is not applied: {unsupported_message()}", file=sys.stderr)
+        print(
+            f"mlx-lm-turbo is inactive, --kv-scheme is not applied: {unsupported_message()}",
+            file=sys.stderr,
+        )

@@ -7,14 +7,13 @@ the parsed ``--kv-scheme`` options travel here rather than through calls.
 from dataclasses import dataclass
 from typing import Optional
 
-
 # First and last attention layers kept at 8 bits unless told otherwise.
 DEFAULT_BOUNDARY_SKIP = 2
 
 
 @dataclass(frozen=True)
 class Settings:
-    scheme: "KVScheme"  # noqa: F821 (mlx_lm_turbo.schemes, not imported at start-up)
+    scheme: "KVScheme"  # noqa: F821 (mlx_lm_turbo.codec.schemes, not imported at start-up)
     boundary_skip: int = DEFAULT_BOUNDARY_SKIP
     uncompressed_start: int = 0
     model_path: Optional[str] = None

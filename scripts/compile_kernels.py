@@ -26,8 +26,14 @@ using Shape = cuda::std::array<int32_t, 10>;
 using Strides = cuda::std::array<int64_t, 10>;
 }
 """
-C_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "bool": "bool",
-           "uint32": "uint32_t", "int32": "int32_t"}
+C_TYPES = {
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float32": "float",
+    "bool": "bool",
+    "uint32": "uint32_t",
+    "int32": "int32_t",
+}
 
 
 def wrap(name, body, header, inputs, outputs, template):
@@ -41,29 +47,63 @@ def wrap(name, body, header, inputs, outputs, template):
                 params.append(f"const __grid_constant__ {kind} {arg}{suffix}")
     params += [f"{C_TYPES[dtype]}* {arg}" for arg, dtype in outputs]
     consts = "".join(
-        f"  using {k} = {C_TYPES[v]};\n" if isinstance(v, str)
+        f"  using {k} = {C_TYPES[v]};\n"
+        if isinstance(v, str)
         else f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
-        for k, v in template)
-    return (PRELUDE + header + "namespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
-            f"__global__ void {name}(" + ", ".join(params) + ") {\n" + consts + body + "\n}\n}\n")
+        for k, v in template
+    )
+    return (
+        PRELUDE
+        + header
+        + "namespace mlx::core::cu {\nnamespace cg = cooperative_groups;\n"
+        f"__global__ void {name}("
+        + ", ".join(params)
+        + ") {\n"
+        + consts
+        + body
+        + "\n}\n}\n"
+    )
 
 
 def attention_variants():
     for dtype, D, (G, L), (KB, VB), mask in itertools.product(
-            ("float16", "bfloat16", "float32"), (64, 128, 256), ((4, 1), (1, 1), (4, 8)),
-            ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4)), (0, 1, 2)):
+        ("float16", "bfloat16", "float32"),
+        (64, 128, 256),
+        ((4, 1), (1, 1), (4, 8)),
+        ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4)),
+        (0, 1, 2),
+    ):
         R = min(G * L, 1024 // D)
-        yield dtype, [("T", dtype), ("MT", "bool"), ("D", D), ("G", G), ("L", L), ("R", R),
-                      ("KB", KB), ("VB", VB), ("NW", 4), ("MASK_KIND", mask), ("MASK_BOOL", True),
-                      ("HAS_KSCALE", D == 128), ("HAS_TAIL", True),
-                      ("HAS_SINK_TOKENS", G == 4), ("MAX_SINKS", 64), ("WINDOW", 0 if L == 1 else 1),
-                      ("HAS_SINKS", D == 64)]
+        yield (
+            dtype,
+            [
+                ("T", dtype),
+                ("MT", "bool"),
+                ("D", D),
+                ("G", G),
+                ("L", L),
+                ("R", R),
+                ("KB", KB),
+                ("VB", VB),
+                ("NW", 4),
+                ("MASK_KIND", mask),
+                ("MASK_BOOL", True),
+                ("HAS_KSCALE", D == 128),
+                ("HAS_TAIL", True),
+                ("HAS_SINK_TOKENS", G == 4),
+                ("MAX_SINKS", 64),
+                ("WINDOW", 0 if L == 1 else 1),
+                ("HAS_SINKS", D == 64),
+            ],
+        )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
-    parser.add_argument("--every", type=int, default=41, help="compile every n-th attention variant")
+    parser.add_argument(
+        "--every", type=int, default=41, help="compile every n-th attention variant"
+    )
     args = parser.parse_args()
     header = (KERNELS / "common.cuh").read_text()
     attention_body = (KERNELS / "decode_attention.cu").read_text()
@@ -71,32 +111,94 @@ def main():
 
     units = []
     variants = list(attention_variants())
-    for dtype, template in (variants[::args.every]):
-        types = {"q": dtype, "key_codes": "uint32" if dict(template)["KB"] else dtype,
-                 "key_norms": "float16", "value_codes": "uint32", "value_norms": "float16",
-                 "sink_keys": dtype, "sink_values": dtype, "sink_pos": "int32", "tail_keys": dtype,
-                 "tail_values": dtype, "mask": "bool"}
+    for dtype, template in variants[:: args.every]:
+        types = {
+            "q": dtype,
+            "key_codes": "uint32" if dict(template)["KB"] else dtype,
+            "key_norms": "float16",
+            "value_codes": "uint32",
+            "value_norms": "float16",
+            "sink_keys": dtype,
+            "sink_values": dtype,
+            "sink_pos": "int32",
+            "tail_keys": dtype,
+            "tail_values": dtype,
+            "mask": "bool",
+        }
         inputs = [(n, types.get(n, "float32")) for n in INPUTS]
-        units.append(wrap("attention", attention_body, header, inputs,
-                          [("out", dtype), ("work", "float32")], template))
+        units.append(
+            wrap(
+                "attention",
+                attention_body,
+                header,
+                inputs,
+                [("out", dtype), ("work", "float32")],
+                template,
+            )
+        )
     encode_body = (KERNELS / "encode.cu").read_text()
-    for dtype, D, (KB, VB) in list(itertools.product(("float16", "float32"), (64, 128, 256),
-                                                     ((4, 4), (3, 3), (2, 8), (0, 4))))[::args.every // 8 or 1]:
-        units.append(wrap("encode", encode_body, header,
-                          [("keys", dtype), ("values", dtype)] + [(n, "float32") for n in (
-                              "key_mean", "key_scale", "k_signs", "v_signs", "k_bounds", "k_levels", "v_bounds",
-                              "v_levels")],
-                          [("key_codes", "uint32"), ("key_norms", "float16"), ("value_codes", "uint32"),
-                           ("value_norms", "float16"), ("exact_keys", dtype), ("exact_values", dtype)],
-                          [("T", dtype), ("D", D), ("KB", KB), ("VB", VB), ("NW", 4), ("CENTER", True),
-                           ("SCALE", D == 64)]))
+    for dtype, D, (KB, VB) in list(
+        itertools.product(
+            ("float16", "float32"), (64, 128, 256), ((4, 4), (3, 3), (2, 8), (0, 4))
+        )
+    )[:: args.every // 8 or 1]:
+        units.append(
+            wrap(
+                "encode",
+                encode_body,
+                header,
+                [("keys", dtype), ("values", dtype)]
+                + [
+                    (n, "float32")
+                    for n in (
+                        "key_mean",
+                        "key_scale",
+                        "k_signs",
+                        "v_signs",
+                        "k_bounds",
+                        "k_levels",
+                        "v_bounds",
+                        "v_levels",
+                    )
+                ],
+                [
+                    ("key_codes", "uint32"),
+                    ("key_norms", "float16"),
+                    ("value_codes", "uint32"),
+                    ("value_norms", "float16"),
+                    ("exact_keys", dtype),
+                    ("exact_values", dtype),
+                ],
+                [
+                    ("T", dtype),
+                    ("D", D),
+                    ("KB", KB),
+                    ("VB", VB),
+                    ("NW", 4),
+                    ("CENTER", True),
+                    ("SCALE", D == 64),
+                ],
+            )
+        )
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
             src = Path(tmp) / f"unit{n}.cu"
             src.write_text(unit)
-            run = subprocess.run(["nvcc", "-std=c++17", f"-arch={args.arch}", "-c", "-o", "/dev/null",
-                                  "--resource-usage", str(src)], capture_output=True, text=True)
+            run = subprocess.run(
+                [
+                    "nvcc",
+                    "-std=c++17",
+                    f"-arch={args.arch}",
+                    "-c",
+                    "-o",
+                    "/dev/null",
+                    "--resource-usage",
+                    str(src),
+                ],
+                capture_output=True,
+                text=True,
+            )
             usage = re.findall(r"Used \d+ registers.*", run.stderr)
             if run.returncode:
                 failed += 1

@@ -1,4 +1,4 @@
-"""Regenerate ``mlx_lm_turbo/codebooks.json``: Lloyd-Max codebooks for TurboQuant.
+"""Regenerate ``mlx_lm_turbo/codec/codebooks.json``: Lloyd-Max codebooks for TurboQuant.
 
 After a random rotation, each coordinate of a unit vector in R^d follows the
 law with density proportional to (1 - x^2)^((d - 3) / 2) on [-1, 1] (a Beta
@@ -17,7 +17,9 @@ import numpy as np
 
 HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 512)
 BITS = (1, 2, 3, 4, 8)
-OUT = Path(__file__).resolve().parent.parent / "mlx_lm_turbo" / "codebooks.json"
+OUT = (
+    Path(__file__).resolve().parent.parent / "mlx_lm_turbo" / "codec" / "codebooks.json"
+)
 
 
 def coordinate_density(d, n_points=2_000_001):
@@ -65,7 +67,10 @@ def main():
                 "unit_vector_mse": float(f"{mse * d:.6g}"),
             }
             print(f"d={d:4d} bits={bits}  mse(unit vector)={mse * d:.5f}")
-    OUT.write_text(json.dumps({"head_dims": HEAD_DIMS, "bits": BITS, "tables": tables}, indent=1) + "\n")
+    OUT.write_text(
+        json.dumps({"head_dims": HEAD_DIMS, "bits": BITS, "tables": tables}, indent=1)
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

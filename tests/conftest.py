@@ -33,8 +33,13 @@ def count_merges(monkeypatch, batch_class):
     """Record the number of caches each ``batch_class.merge`` joins (mlx-lm batches through it)."""
     merged = []
     original = batch_class.merge.__func__
-    monkeypatch.setattr(batch_class, "merge",
-                        classmethod(lambda cls, caches: merged.append(len(caches)) or original(cls, caches)))
+    monkeypatch.setattr(
+        batch_class,
+        "merge",
+        classmethod(
+            lambda cls, caches: merged.append(len(caches)) or original(cls, caches)
+        ),
+    )
     return merged
 
 
@@ -45,11 +50,14 @@ def rel_err():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
-    from mlx_lm_turbo.gguf import convert_gguf
     from test_gguf_and_demo import write_tiny_gguf
 
+    from mlx_lm_turbo.tools.gguf import convert_gguf
+
     root = tmp_path_factory.mktemp("tokenizer")
-    return convert_gguf(write_tiny_gguf(root / "tiny.gguf", layers=1), root / "model", progress=False)
+    return convert_gguf(
+        write_tiny_gguf(root / "tiny.gguf", layers=1), root / "model", progress=False
+    )
 
 
 @pytest.fixture(scope="session")

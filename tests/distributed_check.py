@@ -21,7 +21,7 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.utils import sharded_load
 
 from mlx_lm_turbo import make_prompt_cache, plan, settings
-from mlx_lm_turbo.schemes import parse_scheme
+from mlx_lm_turbo.codec.schemes import parse_scheme
 
 SCHEME = "turbo4"
 PROMPT = mx.array([[(7 * i) % 200 + 3 for i in range(40)]])
@@ -50,9 +50,13 @@ def main(model_dir, sharding):
 
     rank_cache, rank_logits = prefill(sharded)
     whole_cache, whole_logits = prefill(whole)
-    uncompressed_difference = mx.abs(prefill(sharded, "none")[1] - prefill(whole, "none")[1]).max().item()
+    uncompressed_difference = (
+        mx.abs(prefill(sharded, "none")[1] - prefill(whole, "none")[1]).max().item()
+    )
     result = {
-        "rank": group.rank(), "size": group.size(), "layers": [start, end],
+        "rank": group.rank(),
+        "size": group.size(),
+        "layers": [start, end],
         "plan_matches": rank_plan == share,
         "schemes": {p.layer: p.scheme.name if p.scheme else None for p in rank_plan},
         "rank_bytes": [c.nbytes for c in rank_cache],

@@ -3,12 +3,18 @@
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache as mlx_make_prompt_cache
-
-import mlx_lm_turbo.attention as turbo_attention
-from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, make_prompt_cache, plan
-from mlx_lm_turbo.quality import teacher_forced_logprobs
+from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 from tiny_models import ARCHITECTURES, FLOAT32
+
+import mlx_lm_turbo.cache.attention as turbo_attention
+from mlx_lm_turbo import (
+    TurboQuantKVCache,
+    TurboQuantRotatingKVCache,
+    make_prompt_cache,
+    plan,
+)
+from mlx_lm_turbo.tools.quality import teacher_forced_logprobs
 
 TOKENS = mx.random.randint(3, 262, (48,), key=mx.random.key(0))
 
@@ -38,7 +44,9 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
     errors = {}
     for scheme in ("turbo8", "turbo4", "turbo2"):
         cache = make_prompt_cache(model, scheme, boundary_skip=0)
-        errors[scheme] = kl(reference, teacher_forced_logprobs(model, TOKENS, cache, 32))
+        errors[scheme] = kl(
+            reference, teacher_forced_logprobs(model, TOKENS, cache, 32)
+        )
     assert errors["turbo8"] < 1e-4, errors
     assert errors["turbo8"] < errors["turbo4"] < errors["turbo2"], errors
 
@@ -52,20 +60,29 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
             assert type(t) is ArraysCache  # recurrent state untouched
         else:
             assert isinstance(t, (TurboQuantKVCache, TurboQuantRotatingKVCache))
-            assert type(t) is (TurboQuantRotatingKVCache if hasattr(f, "max_size") else TurboQuantKVCache)
+            assert type(t) is (
+                TurboQuantRotatingKVCache
+                if hasattr(f, "max_size")
+                else TurboQuantKVCache
+            )
             # the stored arrays; nbytes adds a fixed per-layer calibration vector and
             # the exact sink tokens on top (held as given and in the attention domain)
             stored = sum(a.nbytes for a in t.stored)
             assert stored <= ratio_limit * f.nbytes, (arch, stored, f.nbytes)
-            assert t.nbytes == stored + t.codec.key_mean.nbytes + 2 * sum(a.nbytes for a in t.sinks or ())
+            assert t.nbytes == stored + t.codec.key_mean.nbytes + 2 * sum(
+                a.nbytes for a in t.sinks or ()
+            )
 
 
-@pytest.mark.parametrize("arch, kinds", [
-    ("qwen3_5", ["state"] * 3 + ["kv"] + ["state"] * 3 + ["kv"]),
-    ("nemotron_h", ["state", "kv", "state", "kv"]),
-    ("gpt_oss", ["rotating", "kv"] * 2),
-    ("gemma4", ["rotating", "rotating", "kv", "rotating"]),
-])
+@pytest.mark.parametrize(
+    "arch, kinds",
+    [
+        ("qwen3_5", ["state"] * 3 + ["kv"] + ["state"] * 3 + ["kv"]),
+        ("nemotron_h", ["state", "kv", "state", "kv"]),
+        ("gpt_oss", ["rotating", "kv"] * 2),
+        ("gemma4", ["rotating", "rotating", "kv", "rotating"]),
+    ],
+)
 def test_boundary_skip_counts_attention_layers(arch, kinds, tiny_model):
     model, _ = load(str(tiny_model(arch)))
     _, _, layers, _ = plan(model, "turbo3", boundary_skip=1)
@@ -76,7 +93,9 @@ def test_boundary_skip_counts_attention_layers(arch, kinds, tiny_model):
     assert all(p.scheme is None for p in layers if p.kind == "state")
 
 
-def test_gemma4_kv_shared_layers_attend_to_the_donors_compressed_kv(tiny_model, monkeypatch):
+def test_gemma4_kv_shared_layers_attend_to_the_donors_compressed_kv(
+    tiny_model, monkeypatch
+):
     model, _ = load(str(tiny_model("gemma4_text")))
     calls = []
     original = turbo_attention.turbo_scaled_dot_product_attention
@@ -86,9 +105,6 @@ def test_gemma4_kv_shared_layers_attend_to_the_donors_compressed_kv(tiny_model, 
         return original(queries, kv, *args, **kwargs)
 
     monkeypatch.setattr(turbo_attention, "turbo_scaled_dot_product_attention", counting)
-    import mlx_lm_turbo.integration as integration
-
-    monkeypatch.setattr(integration, "turbo_scaled_dot_product_attention", counting)
     cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
     assert len(cache) == 4  # 6 layers, the last 2 share K/V
     mx.eval(model(TOKENS[None, :20], cache=cache))
@@ -101,10 +117,16 @@ def test_compact_schemes_are_the_plain_schemes_storage(tiny_model, arch):
     """-compact (the Swift port's name for compressed-domain decode) is accepted
     everywhere and stores exactly what the plain scheme stores."""
     model, _ = load(str(tiny_model(arch)))
-    plain, compact = make_prompt_cache(model, "turbo3"), make_prompt_cache(model, "turbo3-compact")
+    plain, compact = (
+        make_prompt_cache(model, "turbo3"),
+        make_prompt_cache(model, "turbo3-compact"),
+    )
     tokens = mx.array([[1, 2, 3, 4, 5, 6, 7]])
-    assert mx.array_equal(model(tokens, cache=plain), model(tokens, cache=compact)).item()
+    assert mx.array_equal(
+        model(tokens, cache=plain), model(tokens, cache=compact)
+    ).item()
     for a, b in zip(plain, compact):
-        assert [x.shape for x in a.state if isinstance(x, mx.array)] == \
-            [x.shape for x in b.state if isinstance(x, mx.array)]
+        assert [x.shape for x in a.state if isinstance(x, mx.array)] == [
+            x.shape for x in b.state if isinstance(x, mx.array)
+        ]
         assert a.nbytes == b.nbytes

@@ -2,40 +2,57 @@ import copy
 
 import mlx.core as mx
 import pytest
+from conftest import outlier_keys, relative_error
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
-from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
-
-from conftest import outlier_keys, relative_error
+from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 
 D = 64
 
 
 def inputs(T, L, n_q_heads=4, n_kv_heads=2, seed=0, dtype=mx.float32):
     keys = outlier_keys((1, n_kv_heads, T, D), seed=seed, bias=40.0).astype(dtype)
-    values = mx.random.normal((1, n_kv_heads, T, D), key=mx.random.key(seed + 1)).astype(dtype)
-    queries = mx.random.normal((1, n_q_heads, L, D), key=mx.random.key(seed + 2)).astype(dtype)
+    values = mx.random.normal(
+        (1, n_kv_heads, T, D), key=mx.random.key(seed + 1)
+    ).astype(dtype)
+    queries = mx.random.normal(
+        (1, n_q_heads, L, D), key=mx.random.key(seed + 2)
+    ).astype(dtype)
     return queries, keys, values
 
 
-def run_both(scheme, queries, keys, values, mask, sinks=None, prefix=None, rotating=None,
-             key_calibration=None):
+def run_both(
+    scheme,
+    queries,
+    keys,
+    values,
+    mask,
+    sinks=None,
+    prefix=None,
+    rotating=None,
+    key_calibration=None,
+):
     """Attend the last L tokens after caching the first T - L, in turbo and in fp."""
     L, T = queries.shape[2], keys.shape[2]
     prefix = T - L if prefix is None else prefix
     ref = RotatingKVCache(*rotating) if rotating else KVCache()
     options = dict(key_calibration=key_calibration)
-    turbo = (TurboQuantRotatingKVCache(scheme, *rotating, **options) if rotating
-             else TurboQuantKVCache(scheme, **options))
+    turbo = (
+        TurboQuantRotatingKVCache(scheme, *rotating, **options)
+        if rotating
+        else TurboQuantKVCache(scheme, **options)
+    )
     for c in (ref, turbo):
         if prefix:
             c.update_and_fetch(keys[:, :, :prefix], values[:, :, :prefix])
     rk, rv = ref.update_and_fetch(keys[:, :, prefix:], values[:, :, prefix:])
     view, _ = turbo.update_and_fetch(keys[:, :, prefix:], values[:, :, prefix:])
     scale = D**-0.5
-    expected = mx.fast.scaled_dot_product_attention(queries, rk, rv, scale=scale, mask=mask, sinks=sinks)
+    expected = mx.fast.scaled_dot_product_attention(
+        queries, rk, rv, scale=scale, mask=mask, sinks=sinks
+    )
     got = turbo_scaled_dot_product_attention(queries, view, scale, mask, sinks)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     return relative_error(got, expected)
@@ -48,8 +65,11 @@ def test_every_mask_kind_and_gqa_ratio(mask_kind, n_q_heads):
     queries, keys, values = inputs(T, L, n_q_heads=n_q_heads)
     bool_mask = create_causal_mask(L, T - L)
     mask = {
-        "none": None, "causal": "causal", "bool": bool_mask,
-        "additive": mx.where(bool_mask, 0.0, -1e9), "window": create_causal_mask(L, T - L, window_size=20),
+        "none": None,
+        "causal": "causal",
+        "bool": bool_mask,
+        "additive": mx.where(bool_mask, 0.0, -1e9),
+        "window": create_causal_mask(L, T - L, window_size=20),
     }[mask_kind]
     # harsh synthetic keys (bias 40, 10x outlier channels): loose bounds; quality
     # is measured on the real model (benchmarks/key_calibration.py). A single query
@@ -74,7 +94,10 @@ def test_equivalent_masks_give_identical_output():
 
 def test_error_grows_as_bits_drop():
     queries, keys, values = inputs(256, 1)
-    errors = [run_both(s, queries, keys, values, None) for s in ("turbo8", "turbo4", "turbo3", "turbo2")]
+    errors = [
+        run_both(s, queries, keys, values, None)
+        for s in ("turbo8", "turbo4", "turbo3", "turbo2")
+    ]
     # One query, one rotation draw: turbo2's error here ranges 0.5-0.95 over rotation seeds
     # (mean 0.77 over 48 seeds and 16 queries, the same for either sign source), so its cap
     # catches a broken codec, not a statistic.
@@ -89,7 +112,18 @@ def test_attention_sinks_with_centred_keys(mask, calibration):
     sinks = mx.array([0.5, 3.0, -1.0, 2.0])
     # keys carry a large common offset, so a missing score shift would be visible (0.37
     # here); what is left is 8-bit error on keys centred by the 16 sink tokens' mean
-    assert run_both("turbo8", queries, keys, values, mask, sinks=sinks, key_calibration=calibration) < 0.04
+    assert (
+        run_both(
+            "turbo8",
+            queries,
+            keys,
+            values,
+            mask,
+            sinks=sinks,
+            key_calibration=calibration,
+        )
+        < 0.04
+    )
 
 
 @pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
@@ -99,7 +133,10 @@ def test_every_calibration_leaves_scores_unchanged(calibration):
     # 0.025 (either sign source), the folds 0.010-0.012, up to 0.016.
     queries, keys, values = inputs(128, 8)
     limit = 0.03 if calibration == "none" else 0.02
-    assert run_both("turbo8", queries, keys, values, "causal", key_calibration=calibration) < limit
+    assert (
+        run_both("turbo8", queries, keys, values, "causal", key_calibration=calibration)
+        < limit
+    )
 
 
 def test_sink_tokens_and_each_query_itself_are_read_exactly():
@@ -118,8 +155,15 @@ def test_rotating_window_prefill_and_decode():
     assert mx.array_equal(m, turbo.make_mask(40, window_size=64)).item()
     rk, rv = ref.update_and_fetch(keys[:, :, 160:], values[:, :, 160:])
     view, _ = turbo.update_and_fetch(keys[:, :, 160:], values[:, :, 160:])
-    expected = mx.fast.scaled_dot_product_attention(queries, rk, rv, scale=D**-0.5, mask=m)
-    assert relative_error(turbo_scaled_dot_product_attention(queries, view, D**-0.5, m), expected) < 0.02
+    expected = mx.fast.scaled_dot_product_attention(
+        queries, rk, rv, scale=D**-0.5, mask=m
+    )
+    assert (
+        relative_error(
+            turbo_scaled_dot_product_attention(queries, view, D**-0.5, m), expected
+        )
+        < 0.02
+    )
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
@@ -128,14 +172,16 @@ def test_half_precision_models(dtype):
     assert run_both("turbo8", queries, keys, values, None) < 0.04
 
 
-
 def reference_attention(queries, view, scale, mask, sinks=None):
     """TurboKV's rule spelled out, one query at a time, in float32: every key dequantized,
     then the sink tokens and the exact tail within the query's window overwritten, then
     one fused SDPA."""
     codec = copy.copy(view.codec)
     codec.dtype = mx.float32
-    f32 = lambda a: a.astype(mx.float32)
+
+    def f32(a):
+        return a.astype(mx.float32)
+
     B, _, L, _ = queries.shape
     T = view.shape[2]
     n = 0 if view.new_keys is None else view.new_keys.shape[2]
@@ -151,30 +197,37 @@ def reference_attention(queries, view, scale, mask, sinks=None):
             keys = mx.put_along_axis(keys, positions, f32(sink_keys), axis=2)
             values = mx.put_along_axis(values, positions, f32(sink_values), axis=2)
         if n:
-            start = T - n if view.window is None else max(T - n, T - L + i - view.window + 1)
-            keys[:, :, start:] = f32(view.new_keys[:, :, start - (T - n):])
-            values[:, :, start:] = f32(view.new_values[:, :, start - (T - n):])
-        row_mask = None if mask is None else mask[..., i:i + 1, :]
+            start = (
+                T - n
+                if view.window is None
+                else max(T - n, T - L + i - view.window + 1)
+            )
+            keys[:, :, start:] = f32(view.new_keys[:, :, start - (T - n) :])
+            values[:, :, start:] = f32(view.new_values[:, :, start - (T - n) :])
+        row_mask = None if mask is None else mask[..., i : i + 1, :]
         if row_mask is not None and row_mask.dtype != mx.bool_:
             row_mask = row_mask.astype(mx.float32)
         if shift is not None:  # the centring shift as a score offset on every key
-            row_shift = shift[:, :, i:i + 1]
+            row_shift = shift[:, :, i : i + 1]
             if row_mask is None:
                 row_mask = row_shift
             elif row_mask.dtype == mx.bool_:
                 row_mask = mx.where(row_mask, row_shift, mx.finfo(mx.float32).min)
             else:
                 row_mask = row_mask + row_shift
-        q = codec.prepare_queries(queries[:, :, i:i + 1].astype(mx.float32))
-        outputs.append(mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=row_mask,
-                                                            sinks=sinks))
+        q = codec.prepare_queries(queries[:, :, i : i + 1].astype(mx.float32))
+        outputs.append(
+            mx.fast.scaled_dot_product_attention(
+                q, keys, values, scale=scale, mask=row_mask, sinks=sinks
+            )
+        )
     return codec.restore_output(mx.concatenate(outputs, axis=2)).astype(queries.dtype)
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of 16 keys, so short test histories span many blocks."""
-    import mlx_lm_turbo.attention as attention
+    import mlx_lm_turbo.cache.attention as attention
 
     monkeypatch.setattr(attention, "DECODE_BLOCK_TOKENS", 16)
     monkeypatch.setattr(attention, "PREFILL_BLOCK_SCORES", 16)
@@ -185,37 +238,54 @@ def small_blocks(monkeypatch):
 @pytest.mark.parametrize("n_q_heads", [2, 8])
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.float32])
-def test_blockwise_equals_the_rule_spelled_out(small_blocks, mask_kind, n_q_heads, with_sinks, dtype):
+def test_blockwise_equals_the_rule_spelled_out(
+    small_blocks, mask_kind, n_q_heads, with_sinks, dtype
+):
     T, L = 150, 1 if mask_kind == "none" else 37
     queries, keys, values = inputs(T, L, n_q_heads=n_q_heads, dtype=dtype)
     bool_mask = create_causal_mask(L, T - L)
     mask = {
-        "none": None, "causal": "causal", "bool": bool_mask,
-        "additive": mx.where(bool_mask, 0.0, -1e9).astype(dtype), "window": create_causal_mask(L, T - L, window_size=50),
+        "none": None,
+        "causal": "causal",
+        "bool": bool_mask,
+        "additive": mx.where(bool_mask, 0.0, -1e9).astype(dtype),
+        "window": create_causal_mask(L, T - L, window_size=50),
     }[mask_kind]
     sinks = mx.linspace(-1.0, 3.0, n_q_heads) if with_sinks else None
     cache = TurboQuantKVCache("turbo4")
-    cache.update_and_fetch(keys[:, :, :T - L], values[:, :, :T - L])
-    view, _ = cache.update_and_fetch(keys[:, :, T - L:], values[:, :, T - L:])
+    cache.update_and_fetch(keys[:, :, : T - L], values[:, :, : T - L])
+    view, _ = cache.update_and_fetch(keys[:, :, T - L :], values[:, :, T - L :])
     got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask, sinks)
     assert got.dtype == dtype
-    assert relative_error(got, reference_attention(queries, view, D**-0.5, mask, sinks)) < 1e-3
+    assert (
+        relative_error(got, reference_attention(queries, view, D**-0.5, mask, sinks))
+        < 1e-3
+    )
 
 
 @pytest.mark.parametrize("L", [1, 9])
 def test_blockwise_batch_rows_with_left_padding_and_sink_tokens(small_blocks, L):
-    from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
-    from mlx_lm_turbo.schemes import parse_scheme
+    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+    from mlx_lm_turbo.codec.schemes import parse_scheme
 
     lengths = [70, 3, 41]  # one row with fewer real tokens than sink slots
     seqs = [inputs(n + L, L, seed=i, dtype=mx.float16) for i, n in enumerate(lengths)]
-    batch = TurboQuantBatchKVCache(parse_scheme("turbo4"), [max(lengths) - n for n in lengths])
-    pad = lambda a, n: mx.pad(a, [(0, 0), (0, 0), (max(lengths) - n, 0), (0, 0)])
-    batch.update_and_fetch(mx.concatenate([pad(k[:, :, :n], n) for (_, k, _), n in zip(seqs, lengths)]),
-                           mx.concatenate([pad(v[:, :, :n], n) for (_, _, v), n in zip(seqs, lengths)]))
+    batch = TurboQuantBatchKVCache(
+        parse_scheme("turbo4"), [max(lengths) - n for n in lengths]
+    )
+
+    def pad(a, n):
+        return mx.pad(a, [(0, 0), (0, 0), (max(lengths) - n, 0), (0, 0)])
+
+    batch.update_and_fetch(
+        mx.concatenate([pad(k[:, :, :n], n) for (_, k, _), n in zip(seqs, lengths)]),
+        mx.concatenate([pad(v[:, :, :n], n) for (_, _, v), n in zip(seqs, lengths)]),
+    )
     mask = batch.make_mask(L, return_array=True)
-    view, _ = batch.update_and_fetch(mx.concatenate([k[:, :, n:] for (_, k, _), n in zip(seqs, lengths)]),
-                                     mx.concatenate([v[:, :, n:] for (_, _, v), n in zip(seqs, lengths)]))
+    view, _ = batch.update_and_fetch(
+        mx.concatenate([k[:, :, n:] for (_, k, _), n in zip(seqs, lengths)]),
+        mx.concatenate([v[:, :, n:] for (_, _, v), n in zip(seqs, lengths)]),
+    )
     queries = mx.concatenate([q for q, _, _ in seqs])
     got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
     assert relative_error(got, reference_attention(queries, view, D**-0.5, mask)) < 1e-3
@@ -227,8 +297,8 @@ def test_blockwise_rotating_window(small_blocks, L):
     cache = TurboQuantRotatingKVCache("turbo4", 48, 0)
     cache.update_and_fetch(keys[:, :, :60], values[:, :, :60])
     for t in range(60, 120 - L):  # the ring wraps
-        cache.update_and_fetch(keys[:, :, t:t + 1], values[:, :, t:t + 1])
+        cache.update_and_fetch(keys[:, :, t : t + 1], values[:, :, t : t + 1])
     mask = cache.make_mask(L, window_size=48)
-    view, _ = cache.update_and_fetch(keys[:, :, 120 - L:], values[:, :, 120 - L:])
+    view, _ = cache.update_and_fetch(keys[:, :, 120 - L :], values[:, :, 120 - L :])
     got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
     assert relative_error(got, reference_attention(queries, view, D**-0.5, mask)) < 1e-3

@@ -9,31 +9,46 @@ import re
 import sys
 
 import pytest
-from mlx_lm.utils import _get_classes
-
-import mlx_lm_turbo.settings as settings
 import tiny_models
-from mlx_lm_turbo import parse_scheme
-from mlx_lm_turbo.errors import UsageError
+from mlx_lm.utils import _get_classes
 from test_cli import _free_port, run
 
-LLAMA_HD16 = dict(tiny_models.CONFIGS["llama"], hidden_size=64, num_attention_heads=4, head_dim=16)
-GEMMA2 = dict(model_type="gemma2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-              num_attention_heads=2, head_dim=32, rms_norm_eps=1e-6, vocab_size=tiny_models.VOCAB,
-              num_key_value_heads=1)
+import mlx_lm_turbo.settings as settings
+from mlx_lm_turbo import parse_scheme
+from mlx_lm_turbo.errors import UsageError
+
+LLAMA_HD16 = dict(
+    tiny_models.CONFIGS["llama"], hidden_size=64, num_attention_heads=4, head_dim=16
+)
+GEMMA2 = dict(
+    model_type="gemma2",
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    vocab_size=tiny_models.VOCAB,
+    num_key_value_heads=1,
+)
 
 
 def model_from_config(config):
     model_class, args_class = _get_classes(config)
-    return model_class(args_class.from_dict({"vocab_size": tiny_models.VOCAB, **config}))
+    return model_class(
+        args_class.from_dict({"vocab_size": tiny_models.VOCAB, **config})
+    )
 
 
 def run_main(monkeypatch, module_name, *args):
     """A command's (plugin-wrapped) main in this process: (exit status, stderr)."""
     import importlib
 
-    main = importlib.import_module(module_name).main if module_name.startswith("mlx_lm_turbo") \
+    main = (
+        importlib.import_module(module_name).main
+        if module_name.startswith("mlx_lm_turbo")
         else sys.modules[module_name].main
+    )
     monkeypatch.setattr(sys, "argv", [module_name, *map(str, args)])
     try:
         status = main()
@@ -45,7 +60,7 @@ def run_main(monkeypatch, module_name, *args):
 @pytest.fixture
 def overrides(tmp_path, monkeypatch):
     """overrides(text) -> path of an overrides file in force for this test."""
-    from mlx_lm_turbo.registry import registry
+    from mlx_lm_turbo.plugin.registry import registry
 
     path = tmp_path / "overrides.toml"
     monkeypatch.setenv("MLX_LM_TURBO_OVERRIDES", str(path))
@@ -64,49 +79,96 @@ def overrides(tmp_path, monkeypatch):
 
 # -- the server checks everything it can before serving ------------------------
 
-@pytest.mark.parametrize("toml, message", [
-    ('[[override]]\nmodel_type = "llama"\nopt_out = true\n', "turned off for model type 'llama'"),
-    ('[[override]]\nmodel_type = "llama"\nscheme = "turbo9"\n', "Did you mean turbo8?"),
-])
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        (
+            '[[override]]\nmodel_type = "llama"\nopt_out = true\n',
+            "turned off for model type 'llama'",
+        ),
+        (
+            '[[override]]\nmodel_type = "llama"\nscheme = "turbo9"\n',
+            "Did you mean turbo8?",
+        ),
+    ],
+)
 def test_server_refuses_before_serving(tiny_model, tmp_path, toml, message):
     path = tmp_path / "overrides.toml"
     path.write_text(toml)
-    result = run("mlx_lm.server", "--model", tiny_model("llama"), "--port", _free_port(), "--kv-scheme", "turbo4",
-                 env={"MLX_LM_TURBO_OVERRIDES": str(path)}, timeout=60)
+    result = run(
+        "mlx_lm.server",
+        "--model",
+        tiny_model("llama"),
+        "--port",
+        _free_port(),
+        "--kv-scheme",
+        "turbo4",
+        env={"MLX_LM_TURBO_OVERRIDES": str(path)},
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr
     assert "Traceback" not in result.stderr and "Starting httpd" not in result.stderr
 
 
-@pytest.mark.parametrize("config, message", [
-    (GEMMA2, "cannot serve model type 'gemma2'"),
-    (LLAMA_HD16, "no codebook for head_dim=16"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (GEMMA2, "cannot serve model type 'gemma2'"),
+        (LLAMA_HD16, "no codebook for head_dim=16"),
+    ],
+)
 def test_start_up_check_traces_what_a_request_would_meet(config, message):
-    from mlx_lm_turbo.preflight import check_model
+    from mlx_lm_turbo.attach.preflight import check_model
 
     active = settings.Settings(parse_scheme("turbo4"))
     with pytest.raises(UsageError, match=message):
         check_model(model_from_config(config), active)
-    check_model(model_from_config(dict(LLAMA_HD16, head_dim=32, hidden_size=128)), active)  # fine
+    check_model(
+        model_from_config(dict(LLAMA_HD16, head_dim=32, hidden_size=128)), active
+    )  # fine
 
 
 def test_start_up_check_covers_the_kernel_choice(monkeypatch):
-    from mlx_lm_turbo.preflight import check_model
+    from mlx_lm_turbo.attach.preflight import check_model
 
-    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "on")  # head dim 80: no kernel, on any backend
-    with pytest.raises(UsageError, match="MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run for cache entry 0"):
-        check_model(model_from_config(tiny_models.CONFIGS["llama_hd80"]), settings.Settings(parse_scheme("turbo4")))
+    monkeypatch.setenv(
+        "MLX_LM_TURBO_KERNEL", "on"
+    )  # head dim 80: no kernel, on any backend
+    with pytest.raises(
+        UsageError,
+        match="MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run for cache entry 0",
+    ):
+        check_model(
+            model_from_config(tiny_models.CONFIGS["llama_hd80"]),
+            settings.Settings(parse_scheme("turbo4")),
+        )
 
 
-@pytest.mark.parametrize("value, message", [
-    ("bogus", "MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off."),
-    ("on", "MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run"),
-])
-def test_kernel_choice_errors_are_usage_errors(value, message, tiny_model, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("bogus", "MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off."),
+        ("on", "MLX_LM_TURBO_KERNEL=on, but the fused kernels cannot run"),
+    ],
+)
+def test_kernel_choice_errors_are_usage_errors(
+    value, message, tiny_model, monkeypatch, capsys
+):
     monkeypatch.setenv("MLX_LM_TURBO_KERNEL", value)
-    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama_hd80"), "--prompt", "hi",
-                      "--max-tokens", 1, "--kv-scheme", "turbo4")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama_hd80"),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        1,
+        "--kv-scheme",
+        "turbo4",
+    )
     err = capsys.readouterr().err
     assert status == 2 and message in err
 
@@ -114,21 +176,34 @@ def test_kernel_choice_errors_are_usage_errors(value, message, tiny_model, monke
 def test_server_check_names_a_model_it_cannot_load(tmp_path):
     from types import SimpleNamespace
 
-    from mlx_lm_turbo.preflight import check_server
+    from mlx_lm_turbo.attach.preflight import check_server
 
-    args = SimpleNamespace(model=str(tmp_path / "missing"), draft_model=None, trust_remote_code=False)
+    args = SimpleNamespace(
+        model=str(tmp_path / "missing"), draft_model=None, trust_remote_code=False
+    )
     with pytest.raises(UsageError, match="Model .*missing.* not found"):
         check_server(args, settings.Settings(parse_scheme("turbo4")))
 
 
 def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, capsys):
     monkeypatch.setitem(tiny_models.CONFIGS, "llama_hd16", LLAMA_HD16)
-    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama_hd16"), "--prompt", "hi",
-                      "--max-tokens", 2, "--kv-scheme", "turbo4")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama_hd16"),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        2,
+        "--kv-scheme",
+        "turbo4",
+    )
     assert status == 2 and "no codebook for head_dim=16" in capsys.readouterr().err
 
 
 # -- prompt-cache files ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def saved_caches(tiny_model, tmp_path_factory):
@@ -141,18 +216,28 @@ def saved_caches(tiny_model, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("prompt-caches")
     files = {}
-    for name, arch, scheme, options in [("turbo4", "llama", "turbo4", {}), ("turbo0v4", "llama", "turbo0v4", {}),
-                                        ("none", "llama", "none", {}),
-                                        ("start", "llama", "turbo4", {"uncompressed_start": 500}),
-                                        ("rings", "gpt_oss", "turbo4", {})]:
+    for name, arch, scheme, options in [
+        ("turbo4", "llama", "turbo4", {}),
+        ("turbo0v4", "llama", "turbo0v4", {}),
+        ("none", "llama", "none", {}),
+        ("start", "llama", "turbo4", {"uncompressed_start": 500}),
+        ("rings", "gpt_oss", "turbo4", {}),
+    ]:
         model_dir = str(tiny_model(arch))
         model, tokenizer = load(model_dir)
         cache = make_prompt_cache(model, scheme, boundary_skip=1, **options)
-        for _ in stream_generate(model, tokenizer, tokenizer.encode("hello there " * 12), max_tokens=1,
-                                 prompt_cache=cache):
+        for _ in stream_generate(
+            model,
+            tokenizer,
+            tokenizer.encode("hello there " * 12),
+            max_tokens=1,
+            prompt_cache=cache,
+        ):
             pass
         files[name] = root / f"{name}.safetensors"
-        save_prompt_cache(str(files[name]), cache, {"model": model_dir, "tokenizer_config": "{}"})
+        save_prompt_cache(
+            str(files[name]), cache, {"model": model_dir, "tokenizer_config": "{}"}
+        )
     return files
 
 
@@ -199,7 +284,9 @@ def _set(entry, **fields):
 def _random_codes(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    arrays["2.5"] = mx.random.randint(0, 2**31, arrays["2.5"].shape, key=mx.random.key(3)).astype(mx.uint32)
+    arrays["2.5"] = mx.random.randint(
+        0, 2**31, arrays["2.5"].shape, key=mx.random.key(3)
+    ).astype(mx.uint32)
 
 
 def _nan_norms(arrays, meta_of, set_meta):
@@ -209,33 +296,83 @@ def _nan_norms(arrays, meta_of, set_meta):
 
 
 DAMAGE = {  # case: (saved file, edit, what the message says)
-    "offset larger": ("turbo4", _set(1, offset=500), r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores"),
+    "offset larger": (
+        "turbo4",
+        _set(1, offset=500),
+        r"cache 1 \(TurboQuantKVCache\): its offset is 500 but it stores",
+    ),
     "offset smaller": ("turbo4", _set(1, offset=3), "its offset is 3 but it stores"),
-    "codec key dim": ("turbo4", _set(2, codec_key_dim=64),
-                      r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)"),
-    "scheme vs codec": ("turbo4", _set(2, scheme="turbo3"), "codec's scheme turbo4 disagrees with its scheme turbo3"),
-    "scheme vs arrays": ("turbo4", _set(2, scheme="turbo3", codec_scheme="turbo3"), r"expected \(1, 2, \d+, 12\)"),
-    "missing value codes": ("turbo4", lambda arrays, *_: arrays.pop("1.7"), "the value-codes array is missing"),
-    "metadata not JSON": ("turbo4", lambda arrays, meta_of, set_meta: set_meta(0, "{not json"),
-                          "its metadata is not JSON"),
-    "NaN norms": ("turbo4", _nan_norms, r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN"),
-    "bad dtype": ("turbo4", _set(3, codec_dtype="int8"), "codec's dtype 'int8' is not one of"),
-    "random codes": ("turbo4", _random_codes, "do not match the checksum saved with them"),
-    "ring index": ("rings", _set(0, idx=10**6), r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit"),
+    "codec key dim": (
+        "turbo4",
+        _set(2, codec_key_dim=64),
+        r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)",
+    ),
+    "scheme vs codec": (
+        "turbo4",
+        _set(2, scheme="turbo3"),
+        "codec's scheme turbo4 disagrees with its scheme turbo3",
+    ),
+    "scheme vs arrays": (
+        "turbo4",
+        _set(2, scheme="turbo3", codec_scheme="turbo3"),
+        r"expected \(1, 2, \d+, 12\)",
+    ),
+    "missing value codes": (
+        "turbo4",
+        lambda arrays, *_: arrays.pop("1.7"),
+        "the value-codes array is missing",
+    ),
+    "metadata not JSON": (
+        "turbo4",
+        lambda arrays, meta_of, set_meta: set_meta(0, "{not json"),
+        "its metadata is not JSON",
+    ),
+    "NaN norms": (
+        "turbo4",
+        _nan_norms,
+        r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN",
+    ),
+    "bad dtype": (
+        "turbo4",
+        _set(3, codec_dtype="int8"),
+        "codec's dtype 'int8' is not one of",
+    ),
+    "random codes": (
+        "turbo4",
+        _random_codes,
+        "do not match the checksum saved with them",
+    ),
+    "ring index": (
+        "rings",
+        _set(0, idx=10**6),
+        r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit",
+    ),
     "ring offset": ("rings", _set(0, offset=5), "its offset is 5 but it stores"),
-    "unknown class": ("turbo4", None, "holds caches of class MysteryCache, which neither mlx-lm nor mlx-lm-turbo"),
-    "uncompressed start offset": ("start", _set(1, offset=5000), "its offset is 5000 but its uncompressed start"),
+    "unknown class": (
+        "turbo4",
+        None,
+        "holds caches of class MysteryCache, which neither mlx-lm nor mlx-lm-turbo",
+    ),
+    "uncompressed start offset": (
+        "start",
+        _set(1, offset=5000),
+        "its offset is 5000 but its uncompressed start",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", DAMAGE)
 def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_path):
-    from mlx_lm_turbo.cache_file import check
+    from mlx_lm_turbo.attach.files import check
     from mlx_lm_turbo.errors import PromptCacheFileError
 
     source, edit, message = DAMAGE[case]
-    path = damaged(saved_caches[source], tmp_path / "damaged.safetensors", edit,
-                   metadata_edit={"1.3": "MysteryCache"} if case == "unknown class" else None)
+    path = damaged(
+        saved_caches[source],
+        tmp_path / "damaged.safetensors",
+        edit,
+        metadata_edit={"1.3": "MysteryCache"} if case == "unknown class" else None,
+    )
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
     assert str(info.value).startswith(f"Prompt-cache file {path} ")
@@ -245,7 +382,7 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
 def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
     import mlx.core as mx
 
-    from mlx_lm_turbo.cache_file import CHECKSUM_KEY, check
+    from mlx_lm_turbo.attach.files import CHECKSUM_KEY, check
 
     for path in saved_caches.values():
         check(path)
@@ -259,7 +396,7 @@ def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
 def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
     import mlx.core as mx
 
-    from mlx_lm_turbo.cache_file import check
+    from mlx_lm_turbo.attach.files import check
     from mlx_lm_turbo.errors import PromptCacheFileError
 
     truncated = tmp_path / "truncated.safetensors"
@@ -268,74 +405,164 @@ def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
     text.write_text("hello")
     weights = tmp_path / "weights.safetensors"
     mx.save_safetensors(str(weights), {"w": mx.zeros((2,))}, {"format": "mlx"})
-    for path, message in [(truncated, "not a complete safetensors file"), (text, "not a complete safetensors file"),
-                          (weights, "was not written by mlx-lm's save_prompt_cache"),
-                          (tmp_path / "missing.safetensors", "does not exist")]:
-        with pytest.raises(PromptCacheFileError, match=f"{path}.*{message}|{message}.*{path}"):
+    for path, message in [
+        (truncated, "not a complete safetensors file"),
+        (text, "not a complete safetensors file"),
+        (weights, "was not written by mlx-lm's save_prompt_cache"),
+        (tmp_path / "missing.safetensors", "does not exist"),
+    ]:
+        with pytest.raises(
+            PromptCacheFileError, match=f"{path}.*{message}|{message}.*{path}"
+        ):
             check(path)
 
 
-def test_generate_with_a_damaged_file_exits_2_naming_it(saved_caches, tmp_path, monkeypatch, capsys):
+def test_generate_with_a_damaged_file_exits_2_naming_it(
+    saved_caches, tmp_path, monkeypatch, capsys
+):
     path = damaged(saved_caches["turbo4"], tmp_path / "nan.safetensors", _nan_norms)
-    status = run_main(monkeypatch, "mlx_lm.generate", "--prompt-cache-file", path, "--prompt", "and",
-                      "--max-tokens", 2)
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--prompt-cache-file",
+        path,
+        "--prompt",
+        "and",
+        "--max-tokens",
+        2,
+    )
     err = capsys.readouterr().err
     assert status == 2 and f"mlx-lm-turbo: Prompt-cache file {path} is damaged" in err
 
 
-@pytest.mark.parametrize("saved, flag, holds", [
-    ("turbo4", "turbo3", "holds KV caches 2 x turbo8, 4 x turbo4"),
-    ("none", "turbo4", "holds KV caches 6 x KVCache"),
-    ("turbo4", "turbo4", None),
-])
-def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(saved, flag, holds, saved_caches, monkeypatch, capsys):
-    status = run_main(monkeypatch, "mlx_lm.generate", "--prompt-cache-file", saved_caches[saved], "--prompt", "and",
-                      "--max-tokens", 2, "--kv-scheme", flag)
+@pytest.mark.parametrize(
+    "saved, flag, holds",
+    [
+        ("turbo4", "turbo3", "holds KV caches 2 x turbo8, 4 x turbo4"),
+        ("none", "turbo4", "holds KV caches 6 x KVCache"),
+        ("turbo4", "turbo4", None),
+    ],
+)
+def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(
+    saved, flag, holds, saved_caches, monkeypatch, capsys
+):
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--prompt-cache-file",
+        saved_caches[saved],
+        "--prompt",
+        "and",
+        "--max-tokens",
+        2,
+        "--kv-scheme",
+        flag,
+    )
     err = capsys.readouterr().err
     assert status == 0, err
     if holds:
-        assert f"{saved_caches[saved]} {holds}" in err and f"--kv-scheme {flag} does not change it" in err
+        assert (
+            f"{saved_caches[saved]} {holds}" in err
+            and f"--kv-scheme {flag} does not change it" in err
+        )
     else:
         assert "does not change it" not in err
 
 
 # -- scheme names and settings ------------------------------------------------------
 
-@pytest.mark.parametrize("env, args, message", [
-    ({"MLX_LM_TURBO_KV_SCHEME": "turbo5"}, [], "$MLX_LM_TURBO_KV_SCHEME: Unknown KV scheme 'turbo5'"),
-    ({"MLX_LM_TURBO_KV_SCHEME": "turbo4"}, ["--kv-bits", 4],
-     "$MLX_LM_TURBO_KV_SCHEME=turbo4 and --kv-bits both compress the KV cache; use one of them (unset"),
-    ({}, ["--kv-scheme", "turbo5"], "--kv-scheme: Unknown KV scheme 'turbo5'"),
-    ({}, ["--kv-scheme", "turbo4", "--turbo-uncompressed-start", -1], "--turbo-uncompressed-start must be >= 0"),
-    ({}, ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 99999999999999999999],
-     "boundary skip of 99999999999999999999 (--turbo-boundary-skip) is more than the 6 attention layers"),
-])
-def test_settings_errors_name_what_the_user_set(env, args, message, tiny_model, monkeypatch, capsys):
+
+@pytest.mark.parametrize(
+    "env, args, message",
+    [
+        (
+            {"MLX_LM_TURBO_KV_SCHEME": "turbo5"},
+            [],
+            "$MLX_LM_TURBO_KV_SCHEME: Unknown KV scheme 'turbo5'",
+        ),
+        (
+            {"MLX_LM_TURBO_KV_SCHEME": "turbo4"},
+            ["--kv-bits", 4],
+            "$MLX_LM_TURBO_KV_SCHEME=turbo4 and --kv-bits both compress the KV cache; use one of them (unset",
+        ),
+        ({}, ["--kv-scheme", "turbo5"], "--kv-scheme: Unknown KV scheme 'turbo5'"),
+        (
+            {},
+            ["--kv-scheme", "turbo4", "--turbo-uncompressed-start", -1],
+            "--turbo-uncompressed-start must be >= 0",
+        ),
+        (
+            {},
+            ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 99999999999999999999],
+            "boundary skip of 99999999999999999999 (--turbo-boundary-skip) is more than the 6 attention layers",
+        ),
+    ],
+)
+def test_settings_errors_name_what_the_user_set(
+    env, args, message, tiny_model, monkeypatch, capsys
+):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
-                      "--max-tokens", 1, *args)
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        1,
+        *args,
+    )
     err = capsys.readouterr().err
     assert status == 2 and message in err and "Traceback" not in err
     if env:
         assert "--kv-scheme:" not in err
 
 
-@pytest.mark.parametrize("args, note", [
-    (["--turbo-boundary-skip", 3], "--turbo-boundary-skip 3 has no effect without --kv-scheme"),
-    (["--kv-scheme", "turbo4", "--turbo-boundary-skip", 3],
-     "KV caches 6 x turbo8; no layer uses turbo4: every attention layer is a boundary layer"),
-])
-def test_settings_that_change_nothing_are_said(args, note, tiny_model, monkeypatch, capsys):
-    status = run_main(monkeypatch, "mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi",
-                      "--max-tokens", 1, *map(str, args))
+@pytest.mark.parametrize(
+    "args, note",
+    [
+        (
+            ["--turbo-boundary-skip", 3],
+            "--turbo-boundary-skip 3 has no effect without --kv-scheme",
+        ),
+        (
+            ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 3],
+            "KV caches 6 x turbo8; no layer uses turbo4: every attention layer is a boundary layer",
+        ),
+    ],
+)
+def test_settings_that_change_nothing_are_said(
+    args, note, tiny_model, monkeypatch, capsys
+):
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        1,
+        *map(str, args),
+    )
     assert status == 0 and note in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value, off", [
-    ("1", True), ("yes", True), ("false ", False), ("FALSE", False), ("no", False), ("off", False),
-    ("0", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "value, off",
+    [
+        ("1", True),
+        ("yes", True),
+        ("false ", False),
+        ("FALSE", False),
+        ("no", False),
+        ("off", False),
+        ("0", False),
+        ("", False),
+    ],
+)
 def test_disable_values(value, off, monkeypatch):
     import mlx_lm_turbo_autoload
 
@@ -345,18 +572,42 @@ def test_disable_values(value, off, monkeypatch):
 
 def test_disabled_plugin_says_why_its_options_and_files_fail(saved_caches, tiny_model):
     disabled = {"MLX_LM_TURBO_DISABLE": "1"}
-    result = run("mlx_lm.generate", "--model", tiny_model("llama"), "--prompt", "hi", "--kv-scheme", "turbo4",
-                 env=disabled, timeout=60)
-    assert result.returncode == 2 and "unrecognized arguments: --kv-scheme turbo4" in result.stderr
+    result = run(
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--kv-scheme",
+        "turbo4",
+        env=disabled,
+        timeout=60,
+    )
+    assert (
+        result.returncode == 2
+        and "unrecognized arguments: --kv-scheme turbo4" in result.stderr
+    )
     assert "because MLX_LM_TURBO_DISABLE is set" in result.stderr
-    result = run("mlx_lm.generate", "--prompt-cache-file", saved_caches["turbo4"], "--prompt", "hi",
-                 env=disabled, timeout=60)
+    result = run(
+        "mlx_lm.generate",
+        "--prompt-cache-file",
+        saved_caches["turbo4"],
+        "--prompt",
+        "hi",
+        env=disabled,
+        timeout=60,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "holds TurboQuantKVCache caches, which load only with mlx-lm-turbo on" in result.stderr
+    assert (
+        "holds TurboQuantKVCache caches, which load only with mlx-lm-turbo on"
+        in result.stderr
+    )
 
 
 def test_disable_false_leaves_the_plugin_on():
-    result = run("mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "false"}, timeout=60)
+    result = run(
+        "mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "false"}, timeout=60
+    )
     assert result.returncode == 0 and "--kv-scheme" in result.stdout
 
 
@@ -365,23 +616,53 @@ def test_disable_false_leaves_the_plugin_on():
 LLAMA = '[[override]]\nmodel_type = "llama"\n'
 
 
-@pytest.mark.parametrize("toml, message", [
-    (LLAMA + 'opt_out = "no"\n', "Bad entry 0 in {path}: opt_out = 'no': it must be true or false."),
-    (LLAMA + "boundary_skip = -3\n", "boundary_skip = -3: it must be an integer >= 0"),
-    (LLAMA + 'boundary_skip = "four"\n', "boundary_skip = 'four': it must be an integer >= 0"),
-    (LLAMA + 'schem = "turbo4"\n', "unknown key 'schem' (did you mean 'scheme'?); the keys are model_type, path,"),
-    (LLAMA + 'layer_schemes = { x = "turbo8" }\n', "layer_schemes key 'x': it must be a cache-entry number"),
-    (LLAMA + 'layer_schemes = { 1 = "turbo9" }\n', "layer_schemes 1 = 'turbo9': Unknown KV scheme"),
-    (LLAMA + 'scheme = "none"\n', "use opt_out = true"),
-    ('[[override]]\nscheme = "turbo4"\n', "give exactly one of model_type and path"),
-    ('[overrides]\nmodel_type = "llama"\n', "has key 'overrides': write each override as an [[override]] table"),
-    ('[override]\nmodel_type = "llama"\n', "has a single [override] table"),
-    ("[[override]\n", "Cannot read mlx-lm-turbo overrides file {path}"),
-    (None, "Cannot read mlx-lm-turbo overrides file {path}: [Errno 2] No such file"),
-])
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        (
+            LLAMA + 'opt_out = "no"\n',
+            "Bad entry 0 in {path}: opt_out = 'no': it must be true or false.",
+        ),
+        (
+            LLAMA + "boundary_skip = -3\n",
+            "boundary_skip = -3: it must be an integer >= 0",
+        ),
+        (
+            LLAMA + 'boundary_skip = "four"\n',
+            "boundary_skip = 'four': it must be an integer >= 0",
+        ),
+        (
+            LLAMA + 'schem = "turbo4"\n',
+            "unknown key 'schem' (did you mean 'scheme'?); the keys are model_type, path,",
+        ),
+        (
+            LLAMA + 'layer_schemes = { x = "turbo8" }\n',
+            "layer_schemes key 'x': it must be a cache-entry number",
+        ),
+        (
+            LLAMA + 'layer_schemes = { 1 = "turbo9" }\n',
+            "layer_schemes 1 = 'turbo9': Unknown KV scheme",
+        ),
+        (LLAMA + 'scheme = "none"\n', "use opt_out = true"),
+        (
+            '[[override]]\nscheme = "turbo4"\n',
+            "give exactly one of model_type and path",
+        ),
+        (
+            '[overrides]\nmodel_type = "llama"\n',
+            "has key 'overrides': write each override as an [[override]] table",
+        ),
+        ('[override]\nmodel_type = "llama"\n', "has a single [override] table"),
+        ("[[override]\n", "Cannot read mlx-lm-turbo overrides file {path}"),
+        (
+            None,
+            "Cannot read mlx-lm-turbo overrides file {path}: [Errno 2] No such file",
+        ),
+    ],
+)
 def test_bad_overrides_file_entries_are_named(toml, message, overrides):
     from mlx_lm_turbo.errors import OverridesFileError
-    from mlx_lm_turbo.registry import registry
+    from mlx_lm_turbo.plugin.registry import registry
 
     path = overrides(toml)
     with pytest.raises(OverridesFileError) as info:
@@ -389,13 +670,23 @@ def test_bad_overrides_file_entries_are_named(toml, message, overrides):
     assert message.format(path=path) in str(info.value)
 
 
-@pytest.mark.parametrize("toml, message", [
-    (LLAMA + 'layer_schemes = { 99 = "turbo8" }\n',
-     "layer_schemes entry 99 of an override ({path} [override 0]) is beyond model type 'llama', "
-     "whose caches are entries 0-5"),
-    (LLAMA + "boundary_skip = 7\n", "boundary skip of 7 (an override) is more than the 6 attention layers"),
-])
-def test_overrides_that_do_not_fit_the_model_are_refused(toml, message, overrides, tiny_model):
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        (
+            LLAMA + 'layer_schemes = { 99 = "turbo8" }\n',
+            "layer_schemes entry 99 of an override ({path} [override 0]) is beyond model type 'llama', "
+            "whose caches are entries 0-5",
+        ),
+        (
+            LLAMA + "boundary_skip = 7\n",
+            "boundary skip of 7 (an override) is more than the 6 attention layers",
+        ),
+    ],
+)
+def test_overrides_that_do_not_fit_the_model_are_refused(
+    toml, message, overrides, tiny_model
+):
     from mlx_lm import load
 
     from mlx_lm_turbo import plan
@@ -412,29 +703,45 @@ def test_override_on_a_state_layer_is_refused(overrides, tiny_model):
 
     from mlx_lm_turbo import plan
 
-    overrides('[[override]]\nmodel_type = "qwen3_5"\nlayer_schemes = { 0 = "turbo8" }\n')
+    overrides(
+        '[[override]]\nmodel_type = "qwen3_5"\nlayer_schemes = { 0 = "turbo8" }\n'
+    )
     model, _ = load(str(tiny_model("qwen3_5")), lazy=True)
-    with pytest.raises(UsageError, match="names a recurrent-state entry of model type 'qwen3_5'"):
+    with pytest.raises(
+        UsageError, match="names a recurrent-state entry of model type 'qwen3_5'"
+    ):
         plan(model, "turbo4")
 
 
-def test_doctor_reports_bad_settings_without_a_traceback(overrides, monkeypatch, capsys):
-    from mlx_lm_turbo import doctor
+def test_doctor_reports_bad_settings_without_a_traceback(
+    overrides, monkeypatch, capsys
+):
+    from mlx_lm_turbo.tools import doctor
 
     path = overrides(LLAMA + 'opt_out = "no"\n')
     monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo5")
     monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "bogus")
     assert doctor.main([]) == 1
     out = capsys.readouterr().out
-    assert "MLX_LM_TURBO_KERNEL: INVALID: MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off." in out
-    assert f"user overrides file: {path} (INVALID: Bad entry 0 in {path}: opt_out = 'no'" in out
-    assert "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?" in out
+    assert (
+        "MLX_LM_TURBO_KERNEL: INVALID: MLX_LM_TURBO_KERNEL='bogus' is not one of auto, on, off."
+        in out
+    )
+    assert (
+        f"user overrides file: {path} (INVALID: Bad entry 0 in {path}: opt_out = 'no'"
+        in out
+    )
+    assert (
+        "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?"
+        in out
+    )
 
 
 # -- our own commands -----------------------------------------------------------------
 
+
 def exit_status(argv):
-    from mlx_lm_turbo.cli import main
+    from mlx_lm_turbo.tools.cli import main
 
     try:
         return main(argv) or 0
@@ -452,12 +759,15 @@ def test_help_lists_the_commands(capsys):
     assert "unknown command 'foo'" in err and "\n  doctor " in err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--kv-scheme", "garbage"], "--kv-scheme: Unknown KV scheme 'garbage'"),
-    (["--kv-scheme", "none"], "not 'none'"),
-    (["--turbo-boundary-skip", "-1"], "--turbo-boundary-skip must be >= 0"),
-    (["--model", "/nonexistent"], "Model '/nonexistent' not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kv-scheme", "garbage"], "--kv-scheme: Unknown KV scheme 'garbage'"),
+        (["--kv-scheme", "none"], "not 'none'"),
+        (["--turbo-boundary-skip", "-1"], "--turbo-boundary-skip must be >= 0"),
+        (["--model", "/nonexistent"], "Model '/nonexistent' not found"),
+    ],
+)
 def test_doctor_bad_input_is_a_usage_error(args, message, capsys):
     assert exit_status(["doctor", *args]) == 2
     assert message in capsys.readouterr().err
@@ -466,7 +776,10 @@ def test_doctor_bad_input_is_a_usage_error(args, message, capsys):
 def test_doctor_refusal_is_reported_not_raised(overrides, tiny_model, capsys):
     overrides(LLAMA + "opt_out = true\n")
     assert exit_status(["doctor", "--model", str(tiny_model("llama"))]) == 1
-    assert "refused: TurboQuant is turned off for model type 'llama'" in capsys.readouterr().out
+    assert (
+        "refused: TurboQuant is turned off for model type 'llama'"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("args", [["doctor"], ["--help"]])
@@ -475,8 +788,16 @@ def test_output_into_a_closed_pipe_stops_quietly(args):
 
     from test_cli import BIN
 
-    process = subprocess.Popen([str(BIN / "mlx-lm-turbo"), *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [str(BIN / "mlx-lm-turbo"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     process.stdout.close()  # like `| head -0`: every write finds no reader
     _, err = process.communicate(timeout=60)
-    assert process.returncode == 141 and "Traceback" not in err and "BrokenPipeError" not in err
+    assert (
+        process.returncode == 141
+        and "Traceback" not in err
+        and "BrokenPipeError" not in err
+    )

@@ -7,8 +7,8 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
-from mlx_lm_turbo import bench
-from mlx_lm_turbo.quality import compare, teacher_forced_logprobs
+from mlx_lm_turbo.tools import bench
+from mlx_lm_turbo.tools.quality import compare, teacher_forced_logprobs
 
 
 def test_metrics_of_identical_caches(tiny_model):
@@ -22,23 +22,56 @@ def test_metrics_of_identical_caches(tiny_model):
     assert metrics["ppl"] == pytest.approx(metrics["ppl_reference"])
     # perplexity agrees with the mean negative log-likelihood computed directly
     nll = -mx.take_along_axis(a, tokens[30:, None], axis=-1).mean().item()
-    assert metrics["ppl"] == pytest.approx(float(mx.exp(mx.array(nll)).item()), rel=1e-5)
+    assert metrics["ppl"] == pytest.approx(
+        float(mx.exp(mx.array(nll)).item()), rel=1e-5
+    )
 
 
 def test_bench_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "out"
-    bench.main(["--model", str(tiny_model("llama")), "--contexts", "48", "--decode", "6",
-                "--needle-contexts", "120", "--needle-depths", "0.5", "--memory-context", "128",
-                "--caches", "fp16", "affine4", "turbo8", "turbo2", "--boundary-skip", "0", "--out", str(out)])
+    bench.main(
+        [
+            "--model",
+            str(tiny_model("llama")),
+            "--contexts",
+            "48",
+            "--decode",
+            "6",
+            "--needle-contexts",
+            "120",
+            "--needle-depths",
+            "0.5",
+            "--memory-context",
+            "128",
+            "--caches",
+            "fp16",
+            "affine4",
+            "turbo8",
+            "turbo2",
+            "--boundary-skip",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     results = json.loads((out / "results.json").read_text())
     rows = {r["cache"]: r for r in results["rows"]}
-    assert rows["fp16"]["kl"] == pytest.approx(0.0, abs=1e-6) and rows["fp16"]["bits_per_value"] == 16
+    assert (
+        rows["fp16"]["kl"] == pytest.approx(0.0, abs=1e-6)
+        and rows["fp16"]["bits_per_value"] == 16
+    )
     assert rows["turbo8"]["kl"] < rows["turbo2"]["kl"]
-    assert rows["turbo8"]["bits_per_value"] == pytest.approx(8.125)  # head_dim 128: 8 + 16/128
+    assert rows["turbo8"]["bits_per_value"] == pytest.approx(
+        8.125
+    )  # head_dim 128: 8 + 16/128
     assert rows["turbo2"]["bits_per_value"] == pytest.approx(2.125)
     assert rows["affine4"]["bits_per_value"] == 4.5
-    assert rows["turbo2"]["kv_bytes_per_token"] == pytest.approx(rows["fp16"]["kv_bytes_per_token"] * 2.125 / 16)
-    assert len(results["needle"]) == 4 and {n["cache"] for n in results["needle"]} == set(rows)
+    assert rows["turbo2"]["kv_bytes_per_token"] == pytest.approx(
+        rows["fp16"]["kv_bytes_per_token"] * 2.125 / 16
+    )
+    assert len(results["needle"]) == 4 and {
+        n["cache"] for n in results["needle"]
+    } == set(rows)
     assert [m["cache"] for m in results["peak_memory"]] == ["fp16", "turbo8", "turbo2"]
     for name in ("results.md", "kl_vs_bits.png", "memory_vs_context.png"):
         assert (out / name).stat().st_size > 0
@@ -49,16 +82,25 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
     assert (again / "results.md").read_text() == (out / "results.md").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--caches", "fp16", "turbo5"], "--caches: Unknown KV scheme 'turbo5'. Did you mean turbo4?"),
-    (["--caches", "fp16", "affine7"], "affine caches are affine2/3/4/5/6/8"),
-    (["--caches", "turbo4", "fp16"], "must start with fp16"),
-    (["--decode", "0"], "--decode must be at least 1, got 0"),
-    (["--contexts", "512", "-4"], "--contexts must be at least 1"),
-    (["--needle-depths", "1.5"], "from 0 to 1"),
-    (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
-    (["--from-json", "/nonexistent.json"], "--from-json: cannot read /nonexistent.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--caches", "fp16", "turbo5"],
+            "--caches: Unknown KV scheme 'turbo5'. Did you mean turbo4?",
+        ),
+        (["--caches", "fp16", "affine7"], "affine caches are affine2/3/4/5/6/8"),
+        (["--caches", "turbo4", "fp16"], "must start with fp16"),
+        (["--decode", "0"], "--decode must be at least 1, got 0"),
+        (["--contexts", "512", "-4"], "--contexts must be at least 1"),
+        (["--needle-depths", "1.5"], "from 0 to 1"),
+        (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
+        (
+            ["--from-json", "/nonexistent.json"],
+            "--from-json: cannot read /nonexistent.json",
+        ),
+    ],
+)
 def test_bad_options_fail_before_loading(args, message, capsys):
     with pytest.raises(SystemExit) as exit:
         bench.main(["--model", "/nonexistent", *args])
@@ -75,10 +117,20 @@ def test_without_matplotlib_no_plots_are_claimed(tmp_path, monkeypatch, capsys):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
-    results = {"model": "m", "device": "cpu", "dtype": "float16", "decode_steps": 1, "boundary_skip": 2,
-               "rows": [], "needle": [], "peak_memory": []}
+    results = {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float16",
+        "decode_steps": 1,
+        "boundary_skip": 2,
+        "rows": [],
+        "needle": [],
+        "peak_memory": [],
+    }
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     bench.write(results, tmp_path)
     err = capsys.readouterr().err
-    assert "no plots" in err and f"wrote results.json and results.md in {tmp_path}" in err
+    assert (
+        "no plots" in err and f"wrote results.json and results.md in {tmp_path}" in err
+    )
     assert "png" not in err and not list(tmp_path.glob("*.png"))

@@ -2,12 +2,16 @@ import copy
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache, RotatingKVCache, load_prompt_cache, save_prompt_cache
+from conftest import outlier_keys
+from mlx_lm.models.cache import (
+    KVCache,
+    RotatingKVCache,
+    load_prompt_cache,
+    save_prompt_cache,
+)
 
 from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
-from mlx_lm_turbo.integration import register_cache_classes
-
-from conftest import outlier_keys
+from mlx_lm_turbo.cache.cache import register_cache_classes
 
 
 def kv(T, H=2, D=128, seed=0, dtype=mx.float16):
@@ -34,14 +38,18 @@ def dense(view):
 
 def fill(cache, keys, values, chunk=512):
     for start in range(0, keys.shape[2], chunk):
-        cache.update_and_fetch(keys[:, :, start:start + chunk], values[:, :, start:start + chunk])
+        cache.update_and_fetch(
+            keys[:, :, start : start + chunk], values[:, :, start : start + chunk]
+        )
     mx.eval([a for a in cache.state if isinstance(a, mx.array)])
     return cache
 
 
 # The 16 exact sink tokens, held as given and in the attention domain, add 0.8% of fp16
 # at 4096 tokens.
-@pytest.mark.parametrize("scheme, limit", [("turbo4", 0.267), ("turbo3", 0.205), ("turbo2", 0.142)])
+@pytest.mark.parametrize(
+    "scheme, limit", [("turbo4", 0.267), ("turbo3", 0.205), ("turbo2", 0.142)]
+)
 def test_nbytes_of_4096_tokens_against_fp16(scheme, limit):
     keys, values = kv(4096)
     fp16 = fill(KVCache(), keys, values)
@@ -58,12 +66,19 @@ def test_persistent_cache_holds_only_compressed_data():
     keys, values = kv(1000)
     cache = TurboQuantKVCache("turbo4")
     for start in range(0, 1000, 256):
-        view, same = cache.update_and_fetch(keys[:, :, start:start + 256], values[:, :, start:start + 256])
+        view, same = cache.update_and_fetch(
+            keys[:, :, start : start + 256], values[:, :, start : start + 256]
+        )
         assert view is same and isinstance(view, TurboKV)
         # only the current chunk is held exactly, by the returned view, and the sink tokens
         assert view.new_keys.shape[2] == min(256, 1000 - start)
         assert [a.shape for a in cache.sinks] == [(1, 2, cache.sink_tokens, 128)] * 2
-        assert [a.dtype for a in cache.stored] == [mx.uint32, mx.float16, mx.uint32, mx.float16]
+        assert [a.dtype for a in cache.stored] == [
+            mx.uint32,
+            mx.float16,
+            mx.uint32,
+            mx.float16,
+        ]
         assert cache.uncompressed is None
         assert view.shape == (1, 2, start + view.new_keys.shape[2], 128)
 
@@ -86,7 +101,11 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
         assert a.dtype == b.dtype and mx.array_equal(a, b).item()
     for a, b in zip(cache.sinks or (), loaded.sinks or ()):
         assert mx.array_equal(a, b).item()
-    assert (loaded.sinks is None) == (cache.sinks is None) == (cls is TurboQuantRotatingKVCache)
+    assert (
+        (loaded.sinks is None)
+        == (cache.sinks is None)
+        == (cls is TurboQuantRotatingKVCache)
+    )
     if cache.scheme.key_bits:
         assert mx.array_equal(loaded.codec.key_mean, cache.codec.key_mean).item()
     else:
@@ -101,7 +120,11 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
 
 def test_from_state_restores_scheme_seed_and_scales():
     keys, values = kv(64)
-    cache = fill(TurboQuantKVCache("turbo4", seed=11, layer=2, key_calibration="center+scale"), keys, values)
+    cache = fill(
+        TurboQuantKVCache("turbo4", seed=11, layer=2, key_calibration="center+scale"),
+        keys,
+        values,
+    )
     clone = TurboQuantKVCache.from_state(cache.state)
     assert clone.codec.seed == 11 and clone.codec.layer == 2
     assert clone.codec.key_calibration == cache.codec.key_calibration == "center+scale"
@@ -130,9 +153,13 @@ def test_deepcopy_is_independent():
 
 def test_trim_then_continue_matches_a_shorter_cache():
     keys, values = kv(210)
-    cache = fill(TurboQuantKVCache("turbo4"), keys[:, :, :200], values[:, :, :200], chunk=64)
+    cache = fill(
+        TurboQuantKVCache("turbo4"), keys[:, :, :200], values[:, :, :200], chunk=64
+    )
     assert cache.is_trimmable() and cache.trim(50) == 50 and cache.offset == 150
-    shorter = fill(TurboQuantKVCache("turbo4"), keys[:, :, :150], values[:, :, :150], chunk=64)
+    shorter = fill(
+        TurboQuantKVCache("turbo4"), keys[:, :, :150], values[:, :, :150], chunk=64
+    )
     continued, _ = cache.update_and_fetch(keys[:, :, 150:], values[:, :, 150:])
     expected, _ = shorter.update_and_fetch(keys[:, :, 150:], values[:, :, 150:])
     assert cache.offset == shorter.offset == 210
@@ -148,11 +175,16 @@ def test_first_tokens_are_kept_exact_and_the_rest_dequantized():
     view, _ = cache.update_and_fetch(keys[:, :, 48:], values[:, :, 48:])
     _, exact_keys, exact_values = cache.codec.encode(keys, values)
     n = cache.sink_tokens
-    for got, exact, dequantized in zip(dense(view), (exact_keys, exact_values),
-                                       cache.codec.decode(cache._stored_slice())):
+    for got, exact, dequantized in zip(
+        dense(view),
+        (exact_keys, exact_values),
+        cache.codec.decode(cache._stored_slice()),
+    ):
         assert mx.array_equal(got[:, :, :n], exact[:, :, :n]).item()  # the sink tokens
         assert not mx.array_equal(dequantized[:, :, :n], exact[:, :, :n]).item()
-        assert mx.array_equal(got[:, :, n:48], dequantized[:, :, n:48]).item()  # compressed history
+        assert mx.array_equal(
+            got[:, :, n:48], dequantized[:, :, n:48]
+        ).item()  # compressed history
         assert mx.array_equal(got[:, :, 48:], exact[:, :, 48:]).item()  # the chunk
 
 
@@ -164,7 +196,11 @@ def test_trim_into_the_sink_tokens_keeps_only_what_is_left_then_refills():
     cache = fill(TurboQuantKVCache("turbo4"), keys, values)
     assert cache.codec.key_mean is not None  # measured on the 16 sink tokens
     cache.trim(38)
-    assert cache.offset == 2 and cache.sinks[0].shape[2] == 2 and cache.codec.key_mean is None
+    assert (
+        cache.offset == 2
+        and cache.sinks[0].shape[2] == 2
+        and cache.codec.key_mean is None
+    )
     prompt_keys = mx.concatenate([keys[:, :, :2], other_keys[:, :, 2:]], axis=2)
     prompt_values = mx.concatenate([values[:, :, :2], other_values[:, :, 2:]], axis=2)
     cache.update_and_fetch(prompt_keys[:, :, 2:], prompt_values[:, :, 2:])
@@ -183,7 +219,9 @@ def test_trim_into_the_sink_tokens_keeps_only_what_is_left_then_refills():
 def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
     # Nothing else may stay alive: e.g. a view kept of a chunk pins its whole buffer.
     keys, values = kv(1024)
-    fill(TurboQuantKVCache(scheme), keys, values, chunk=256)  # codebooks, compiled kernels
+    fill(
+        TurboQuantKVCache(scheme), keys, values, chunk=256
+    )  # codebooks, compiled kernels
     # A GPU stream frees a buffer once the work reading it has run: wait for it.
     mx.synchronize()
     mx.clear_cache()
@@ -196,14 +234,16 @@ def test_memory_held_after_prefill_is_what_nbytes_counts(scheme):
     # GPU allocator rounds each buffer up to its page (16 KiB on MLX-CUDA) or pools small
     # ones, so there each array held may count up to a page more.
     arrays = [a for a in cache.state if isinstance(a, mx.array)]
-    slack = 32 * 1024 + (0 if mx.default_device().type == mx.cpu else 16 * 1024 * len(arrays))
+    slack = 32 * 1024 + (
+        0 if mx.default_device().type == mx.cpu else 16 * 1024 * len(arrays)
+    )
     assert -32 * 1024 < held - cache.nbytes < slack, (held, cache.nbytes)
 
 
 def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
     # Real models park most attention on their first token; its quantization error
     # then reaches every query, unless it is kept exact.
-    from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
+    from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 
     keys, values = kv(200, dtype=mx.float32)
     direction = mx.random.normal((1, 2, 1, 128), key=mx.random.key(5))
@@ -217,7 +257,9 @@ def test_sink_tokens_cut_the_error_where_attention_sinks_into_the_first_token():
         cache.update_and_fetch(keys[:, :, :192], values[:, :, :192])
         view, _ = cache.update_and_fetch(keys[:, :, 192:], values[:, :, 192:])
         out = turbo_scaled_dot_product_attention(queries, view, 128**-0.5, None)
-        errors[sink_tokens] = (mx.linalg.norm(out - exact) / mx.linalg.norm(exact)).item()
+        errors[sink_tokens] = (
+            mx.linalg.norm(out - exact) / mx.linalg.norm(exact)
+        ).item()
     assert errors[4] < 0.25 * errors[0], errors
 
 
@@ -232,16 +274,21 @@ def test_uncompressed_start_keeps_first_tokens_in_fp16():
     out = cache.update_and_fetch(keys[:, :, :200], values[:, :, :200])
     assert isinstance(out[0], mx.array) and cache.codec is None and cache.offset == 200
     out, _ = cache.update_and_fetch(keys[:, :, 200:], values[:, :, 200:])
-    assert isinstance(out, TurboKV) and cache.uncompressed is None and cache.offset == 300
+    assert (
+        isinstance(out, TurboKV) and cache.uncompressed is None and cache.offset == 300
+    )
     # The fp16 history was compressed at the switch: everything is stored, the chunk also exactly.
     assert out.stored[0].shape[2] == 300 and out.new_keys.shape[2] == 100
 
 
-@pytest.mark.parametrize("max_size, keep, chunks", [
-    (64, 0, [100, 1, 1, 1, 30, 1, 1]),
-    (64, 4, [10, 1, 1, 70, 1, 1, 1, 1, 5]),
-    (32, 4, [1] * 40 + [20, 1]),
-])
+@pytest.mark.parametrize(
+    "max_size, keep, chunks",
+    [
+        (64, 0, [100, 1, 1, 1, 30, 1, 1]),
+        (64, 4, [10, 1, 1, 70, 1, 1, 1, 1, 5]),
+        (32, 4, [1] * 40 + [20, 1]),
+    ],
+)
 def test_rotating_positions_match_rotating_kv_cache(max_size, keep, chunks):
     total = sum(chunks)
     keys, values = kv(total, D=64)
@@ -249,16 +296,22 @@ def test_rotating_positions_match_rotating_kv_cache(max_size, keep, chunks):
     turbo = TurboQuantRotatingKVCache("turbo8", max_size, keep)
     start = 0
     for n in chunks:
-        k, v = keys[:, :, start:start + n], values[:, :, start:start + n]
+        k, v = keys[:, :, start : start + n], values[:, :, start : start + n]
         start += n
         mask_ref = ref.make_mask(n, window_size=max_size // 2)
         mask_turbo = turbo.make_mask(n, window_size=max_size // 2)
         _, ref_v = ref.update_and_fetch(k, v)
         view, _ = turbo.update_and_fetch(k, v)
-        assert (turbo.offset, turbo._idx, turbo.size()) == (ref.offset, ref._idx, ref.size())
+        assert (turbo.offset, turbo._idx, turbo.size()) == (
+            ref.offset,
+            ref._idx,
+            ref.size(),
+        )
         assert view.shape[2] == ref_v.shape[2]
         got = view.codec.value_rotation.inverse(dense(view)[1])
-        err = mx.linalg.norm((got - ref_v).astype(mx.float32), axis=-1) / mx.linalg.norm(ref_v.astype(mx.float32), axis=-1)
+        err = mx.linalg.norm(
+            (got - ref_v).astype(mx.float32), axis=-1
+        ) / mx.linalg.norm(ref_v.astype(mx.float32), axis=-1)
         assert err.max().item() < 0.03  # same token in every slot
         if mask_ref is None or isinstance(mask_ref, str):
             assert mask_turbo == mask_ref
@@ -269,7 +322,12 @@ def test_rotating_positions_match_rotating_kv_cache(max_size, keep, chunks):
 def test_rotating_trim_and_trimmable():
     keys, values = kv(40, D=64)
     cache = fill(TurboQuantRotatingKVCache("turbo4", 64), keys, values, chunk=40)
-    assert cache.is_trimmable() and cache.trim(10) == 10 and cache.offset == 30 and cache._idx == 30
+    assert (
+        cache.is_trimmable()
+        and cache.trim(10) == 10
+        and cache.offset == 30
+        and cache._idx == 30
+    )
     fill(cache, *kv(60, D=64, seed=2), chunk=60)
     assert not cache.is_trimmable()
 
@@ -279,7 +337,9 @@ def test_bad_inputs_give_clear_errors():
         TurboQuantKVCache("turbo4").update_and_fetch(*kv(4, D=72))
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         k, v = kv(4)
-        TurboQuantKVCache("turbo4").update_and_fetch(k.astype(mx.int32), v.astype(mx.int32))
+        TurboQuantKVCache("turbo4").update_and_fetch(
+            k.astype(mx.int32), v.astype(mx.int32)
+        )
     with pytest.raises(ValueError, match="batch, kv_heads, tokens, head_dim"):
         k, v = kv(4)
         TurboQuantKVCache("turbo4").update_and_fetch(k, v[:, :1])

@@ -24,16 +24,30 @@ ROUNDING = 0.06
 
 def run(model, prompt, cache, step):
     """Greedy tokens and their log-probabilities after prefilling ``prompt`` in ``step``-token chunks."""
-    out = list(zip(range(STEPS), generate_step(mx.array(prompt), model, prompt_cache=cache,
-                                                prefill_step_size=step, max_tokens=STEPS)))
+    out = list(
+        zip(
+            range(STEPS),
+            generate_step(
+                mx.array(prompt),
+                model,
+                prompt_cache=cache,
+                prefill_step_size=step,
+                max_tokens=STEPS,
+            ),
+        )
+    )
     return [t for _, (t, _) in out], mx.stack([p for _, (_, p) in out])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_generate_is_the_same_for_every_prefill_step_size(tiny_model, arch):
     model, _ = load(str(tiny_model(arch)))
-    runs = {step: run(model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), step)
-            for step in (64, 16, 7, 1)}
+    runs = {
+        step: run(
+            model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), step
+        )
+        for step in (64, 16, 7, 1)
+    }
     tokens, logprobs = runs[64]
     for step, (t, p) in runs.items():
         assert t == tokens, step
@@ -65,19 +79,34 @@ def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
 
     def ask(server, content, max_tokens):
         messages = [{"role": "user", "content": content}]
-        reply = server.ask("/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
-                                                    "temperature": 0.0, "logprobs": True})
+        reply = server.ask(
+            "/v1/chat/completions",
+            {
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "logprobs": True,
+            },
+        )
         return reply["choices"][0]["logprobs"]["content"]
 
     question = "Explain photosynthesis to a child of seven, briefly and kindly, in two sentences."
     answers = []
-    for history in ([], [question[:40] + " the sea."], ["hi", question[:60] + " at length."]):
-        server = Server(tiny_model("llama"), "--kv-scheme", "turbo2", "--turbo-boundary-skip", "0")
+    for history in (
+        [],
+        [question[:40] + " the sea."],
+        ["hi", question[:60] + " at length."],
+    ):
+        server = Server(
+            tiny_model("llama"), "--kv-scheme", "turbo2", "--turbo-boundary-skip", "0"
+        )
         try:
             for earlier in history:
                 ask(server, earlier, 6)
             content = ask(server, question, 12)
-            answers.append(([t["id"] for t in content], mx.array([t["logprob"] for t in content])))
+            answers.append(
+                ([t["id"] for t in content], mx.array([t["logprob"] for t in content]))
+            )
         finally:
             server.stop()
     cold_tokens, cold_logprobs = answers[0]

@@ -1,16 +1,23 @@
 import mlx.core as mx
 import pytest
 
-from mlx_lm_turbo.codebooks import boundaries, codebook, optimal_mse, supported_head_dims
-from mlx_lm_turbo.codec import dequantize_rotated, quantize_rotated
-from mlx_lm_turbo.packing import unpack
+from mlx_lm_turbo.codec.codebooks import (
+    boundaries,
+    codebook,
+    optimal_mse,
+    supported_head_dims,
+)
+from mlx_lm_turbo.codec.codec import dequantize_rotated, quantize_rotated
+from mlx_lm_turbo.codec.packing import unpack
 
 BETA_OPTIMUM_128 = {2: 0.116, 3: 0.034, 4: 0.0093}
 
 
 def measured_mse(head_dim, bits, n=20000, seed=0):
     x = mx.random.normal((n, head_dim), key=mx.random.key(seed))
-    unit = x / mx.linalg.norm(x, axis=-1, keepdims=True)  # rotation-invariant law already
+    unit = x / mx.linalg.norm(
+        x, axis=-1, keepdims=True
+    )  # rotation-invariant law already
     idx = mx.searchsorted(boundaries(head_dim, bits), unit)
     return ((codebook(head_dim, bits)[idx] - unit) ** 2).sum(-1).mean().item()
 
@@ -60,7 +67,10 @@ def test_dequantize_is_right_for_every_shape_it_sees(bits, head_dim):
     for shape in [(1, 2, 5), (3, 1, 17), (1, 4, 1), (2, 2, 64)]:
         y = mx.random.normal((*shape, head_dim), key=mx.random.key(sum(shape)))
         codes, norms = quantize_rotated(y, bits)
-        expected = codebook(head_dim, bits).astype(mx.float16)[unpack(codes, bits, head_dim)] * norms
+        expected = (
+            codebook(head_dim, bits).astype(mx.float16)[unpack(codes, bits, head_dim)]
+            * norms
+        )
         got = dequantize_rotated(codes, norms, bits, head_dim, mx.float16)
         assert got.shape == (*shape, head_dim) and got.dtype == mx.float16
         assert mx.array_equal(got, expected).item()

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import mlx_lm_turbo.cache.attention as attention
+import mlx_lm_turbo.cache.cache as cache_module
 import mlx_lm_turbo.compat as compat
-import mlx_lm_turbo.integration as integration
-from mlx_lm_turbo.autoload import attach
+from mlx_lm_turbo.attach import attach
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,13 @@ def probe(version, *argv, run_main=False, env=None):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
     full_env.update(env or {})
     code = PROBE.format(version=version, argv=[str(a) for a in argv], run_main=run_main)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
 
 
 def test_outside_the_tested_range_nothing_is_patched_and_nothing_said():
@@ -47,31 +54,63 @@ def test_outside_the_tested_range_nothing_is_patched_and_nothing_said():
     assert "wrapped: []" in result.stdout
     assert result.stderr == ""
     inside = probe("0.32.2")
-    assert "wrapped: ['make_prompt_cache', 'load_prompt_cache', 'main', 'eval_ppl', 'main']" in inside.stdout
+    assert (
+        "wrapped: ['make_prompt_cache', 'load_prompt_cache', 'main', 'eval_ppl', 'main']"
+        in inside.stdout
+    )
 
 
 def test_outside_the_range_a_requested_scheme_gets_one_notice(tiny_model):
     path = tiny_model("llama")
-    result = probe("0.33.1", "--model", path, "--prompt", "hi", "--max-tokens", 2, "--kv-scheme", "turbo4",
-                   run_main=True)
+    result = probe(
+        "0.33.1",
+        "--model",
+        path,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        2,
+        "--kv-scheme",
+        "turbo4",
+        run_main=True,
+    )
     # mlx-lm's own parser does not know the option: its usage error, after our notice
-    assert result.returncode == 2 and "unrecognized arguments: --kv-scheme turbo4" in result.stderr
-    notice = ("mlx-lm-turbo is inactive, --kv-scheme is not applied: mlx-lm-turbo is tested with mlx-lm "
-              ">=0.32.2,<0.33, but mlx-lm 0.33.1 is installed.")
+    assert (
+        result.returncode == 2
+        and "unrecognized arguments: --kv-scheme turbo4" in result.stderr
+    )
+    notice = (
+        "mlx-lm-turbo is inactive, --kv-scheme is not applied: mlx-lm-turbo is tested with mlx-lm "
+        ">=0.32.2,<0.33, but mlx-lm 0.33.1 is installed."
+    )
     assert result.stderr.count(notice) == 1, result.stderr
-    by_env = probe("0.31.0", "--model", path, "--prompt", "hi", "--max-tokens", 2, run_main=True,
-                   env={"MLX_LM_TURBO_KV_SCHEME": "turbo4"})
+    by_env = probe(
+        "0.31.0",
+        "--model",
+        path,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        2,
+        run_main=True,
+        env={"MLX_LM_TURBO_KV_SCHEME": "turbo4"},
+    )
     assert by_env.returncode == 0, by_env.stderr[-2000:]
-    assert by_env.stderr.count("mlx-lm-turbo is inactive, --kv-scheme is not applied") == 1
+    assert (
+        by_env.stderr.count("mlx-lm-turbo is inactive, --kv-scheme is not applied") == 1
+    )
     assert "[mlx-lm-turbo]" not in by_env.stderr  # nothing compressed
 
 
 def test_the_python_api_refuses_outside_the_range(monkeypatch):
     monkeypatch.setattr(compat, "installed_mlx_lm_version", lambda: "0.33.0")
-    with pytest.raises(RuntimeError, match=r"tested with mlx-lm >=0.32.2,<0.33, but mlx-lm 0.33.0 is installed"):
-        integration.install_attention_dispatch()
+    with pytest.raises(
+        RuntimeError,
+        match=r"tested with mlx-lm >=0.32.2,<0.33, but mlx-lm 0.33.0 is installed",
+    ):
+        attention.install_attention_dispatch()
     with pytest.raises(RuntimeError, match="0.33.0"):
-        integration.register_cache_classes()
+        cache_module.register_cache_classes()
 
 
 def test_wrappers_pass_every_argument_through(tmp_path):
@@ -84,9 +123,19 @@ def test_wrappers_pass_every_argument_through(tmp_path):
     kv.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.zeros((1, 1, 2, 4)))
     save_prompt_cache(saved, [kv])
     cache_module = types.ModuleType("mlx_lm.models.cache")
-    cache_module.make_prompt_cache = lambda model, max_kv_size=None, *, new_option=None: (model, max_kv_size, new_option)
-    cache_module.load_prompt_cache = lambda path, return_metadata=False, *, new_option=None: (path, new_option)
-    cache_module.save_prompt_cache = lambda path, cache, metadata={}, *, new_option=None: (path, new_option)
+    cache_module.make_prompt_cache = (
+        lambda model, max_kv_size=None, *, new_option=None: (
+            model,
+            max_kv_size,
+            new_option,
+        )
+    )
+    cache_module.load_prompt_cache = (
+        lambda path, return_metadata=False, *, new_option=None: (path, new_option)
+    )
+    cache_module.save_prompt_cache = (
+        lambda path, cache, metadata={}, *, new_option=None: (path, new_option)
+    )
     command = types.ModuleType("mlx_lm.generate")
     command.main = lambda *args, **kwargs: (args, kwargs)
     attach(cache_module)
@@ -102,5 +151,7 @@ def test_the_range_lives_in_compat_and_pyproject_repeats_it():
     requirements = re.findall(r'"mlx-lm(?:\[\w+\])?([<>=][^";]*)"', pyproject)
     assert requirements and set(requirements) == {compat.MLX_LM_RANGE}
     assert compat.LOWEST == (0, 32, 2) and compat.FIRST_UNTESTED == (0, 33, 0)
-    sources = [p for p in (ROOT / "mlx_lm_turbo").rglob("*.py") if p.name != "compat.py"]
+    sources = [
+        p for p in (ROOT / "mlx_lm_turbo").rglob("*.py") if p.name != "compat.py"
+    ]
     assert not [p.name for p in sources if re.search(r"0\.3[23]", p.read_text())]

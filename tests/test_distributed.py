@@ -6,13 +6,21 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import _get_classes
-
-from mlx_lm_turbo import make_prompt_cache, plan
 from tiny_models import CONFIGS, VOCAB
 
-QWEN2 = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=8, intermediate_size=128,
-             num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=VOCAB,
-             tie_word_embeddings=True)
+from mlx_lm_turbo import make_prompt_cache, plan
+
+QWEN2 = dict(
+    model_type="qwen2",
+    hidden_size=64,
+    num_hidden_layers=8,
+    intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    rms_norm_eps=1e-6,
+    vocab_size=VOCAB,
+    tie_word_embeddings=True,
+)
 
 
 class FakeGroup:
@@ -40,12 +48,14 @@ def build(config, pipeline=None):
 def rank_share(whole, model):
     """The one-process plan cut to the layers a pipeline rank holds, numbered as its caches are."""
     start = model.model.start_idx
-    return [replace(p, index=p.layer - start) for p in whole[start:model.model.end_idx]]
+    return [
+        replace(p, index=p.layer - start) for p in whole[start : model.model.end_idx]
+    ]
 
 
 @pytest.fixture
 def overrides(tmp_path, monkeypatch):
-    from mlx_lm_turbo.registry import registry
+    from mlx_lm_turbo.plugin.registry import registry
 
     def write(text):
         path = tmp_path / "overrides.toml"
@@ -58,13 +68,23 @@ def overrides(tmp_path, monkeypatch):
     registry.cache_clear()
 
 
-@pytest.mark.parametrize("name, config, size", [
-    ("qwen2", QWEN2, 2), ("qwen2", QWEN2, 3), ("qwen3_5", CONFIGS["qwen3_5"], 2), ("qwen3_5", CONFIGS["qwen3_5"], 3),
-])
-def test_pipeline_rank_plan_is_the_one_process_plan_restricted_to_its_layers(name, config, size):
+@pytest.mark.parametrize(
+    "name, config, size",
+    [
+        ("qwen2", QWEN2, 2),
+        ("qwen2", QWEN2, 3),
+        ("qwen3_5", CONFIGS["qwen3_5"], 2),
+        ("qwen3_5", CONFIGS["qwen3_5"], 3),
+    ],
+)
+def test_pipeline_rank_plan_is_the_one_process_plan_restricted_to_its_layers(
+    name, config, size
+):
     config = {"vocab_size": VOCAB, **config}
     _, _, whole, _ = plan(build(config), "turbo4")
-    assert [p.index for p in whole] == [p.layer for p in whole] == list(range(len(whole)))
+    assert (
+        [p.index for p in whole] == [p.layer for p in whole] == list(range(len(whole)))
+    )
     held = []
     for rank in range(size):
         model = build(config, pipeline=(rank, size))
@@ -81,8 +101,16 @@ def test_eight_layers_over_two_ranks_protect_layers_0_1_6_7_only():
         model = build(QWEN2, pipeline=(rank, 2))
         _, _, layers, _ = plan(model, "turbo4")
         boundary.update({p.layer: p.scheme.name for p in layers})
-    assert boundary == {0: "turbo8", 1: "turbo8", 2: "turbo4", 3: "turbo4",
-                        4: "turbo4", 5: "turbo4", 6: "turbo8", 7: "turbo8"}
+    assert boundary == {
+        0: "turbo8",
+        1: "turbo8",
+        2: "turbo4",
+        3: "turbo4",
+        4: "turbo4",
+        5: "turbo4",
+        6: "turbo8",
+        7: "turbo8",
+    }
 
 
 def test_pipeline_caches_take_the_model_layer_as_rotation_seed():
@@ -93,14 +121,20 @@ def test_pipeline_caches_take_the_model_layer_as_rotation_seed():
 
 
 def test_pipeline_overrides_name_model_layers(overrides):
-    overrides('[[override]]\nmodel_type = "qwen2"\nlayer_schemes = { 5 = "turbo3", 2 = "turbo2" }\n')
+    overrides(
+        '[[override]]\nmodel_type = "qwen2"\nlayer_schemes = { 5 = "turbo3", 2 = "turbo2" }\n'
+    )
     schemes = {}
     for rank in range(2):
         _, _, layers, _ = plan(build(QWEN2, pipeline=(rank, 2)), "turbo4")
         schemes.update({p.layer: (p.scheme.name, p.reason) for p in layers})
-    assert schemes[5] == ("turbo3", "per-layer override") and schemes[2] == ("turbo2", "per-layer override")
+    assert schemes[5] == ("turbo3", "per-layer override") and schemes[2] == (
+        "turbo2",
+        "per-layer override",
+    )
     # An entry past the model's last layer is refused on every rank, not only where it would fall.
     from mlx_lm_turbo.errors import UsageError
+
     overrides('[[override]]\nmodel_type = "qwen2"\nlayer_schemes = { 8 = "turbo3" }\n')
     with pytest.raises(UsageError, match="whose caches are entries 0-7"):
         plan(build(QWEN2, pipeline=(1, 2)), "turbo4")
@@ -146,7 +180,9 @@ def shardable_model_dir(name, tiny_model, tiny_tokenizer_dir, root):
         mx.random.seed(2)
         model = build(QWEN2)
         model.set_dtype(mx.float16)
-        mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+        mx.save_safetensors(
+            str(out / "model.safetensors"), dict(tree_flatten(model.parameters()))
+        )
         (out / "config.json").write_text(json.dumps(QWEN2))
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tiny_tokenizer_dir / f, out / f)
@@ -154,16 +190,23 @@ def shardable_model_dir(name, tiny_model, tiny_tokenizer_dir, root):
         shutil.copytree(tiny_model(name), out)
     weights = mx.load(str(out / "model.safetensors"))
     (out / "model.safetensors.index.json").write_text(
-        json.dumps({"weight_map": {k: "model.safetensors" for k in weights}}))
+        json.dumps({"weight_map": {k: "model.safetensors" for k in weights}})
+    )
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, sharding, turbo8_layers", [
-    ("qwen2", "pipeline", [0, 1, 6, 7]), ("qwen3_5", "pipeline", [3, 7]), ("llama", "tensor", [0, 1, 4, 5]),
-])
-def test_two_local_processes_match_one_process(name, sharding, turbo8_layers, tiny_model, tiny_tokenizer_dir,
-                                               tmp_path):
+@pytest.mark.parametrize(
+    "name, sharding, turbo8_layers",
+    [
+        ("qwen2", "pipeline", [0, 1, 6, 7]),
+        ("qwen3_5", "pipeline", [3, 7]),
+        ("llama", "tensor", [0, 1, 4, 5]),
+    ],
+)
+def test_two_local_processes_match_one_process(
+    name, sharding, turbo8_layers, tiny_model, tiny_tokenizer_dir, tmp_path
+):
     """mlx.launch, ring backend, 2 ranks on 127.0.0.1: each rank's plan is the one-process
     plan cut to its layers, its cache holds its share of the one-process bytes after the
     same prefill, its logits are the one-process ones (pipeline: exactly), and rank 0
@@ -173,24 +216,55 @@ def test_two_local_processes_match_one_process(name, sharding, turbo8_layers, ti
     import sys
     from pathlib import Path
 
-    model_dir = shardable_model_dir(name, tiny_model, Path(tiny_tokenizer_dir), tmp_path)
+    model_dir = shardable_model_dir(
+        name, tiny_model, Path(tiny_tokenizer_dir), tmp_path
+    )
     launch = Path(sys.executable).parent / "mlx.launch"
     script = Path(__file__).parent / "distributed_check.py"
     result = subprocess.run(
-        [str(launch), "-n", "2", "--backend", "ring", "--hosts", "127.0.0.1", "--starting-port",
-         str(free_port_pair()), "--python", sys.executable, "--", str(script), str(model_dir), sharding],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            str(launch),
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            "--hosts",
+            "127.0.0.1",
+            "--starting-port",
+            str(free_port_pair()),
+            "--python",
+            sys.executable,
+            "--",
+            str(script),
+            str(model_dir),
+            sharding,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    ranks = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in result.stdout.splitlines()
-                    if "RESULT " in line), key=lambda r: r["rank"])
+    ranks = sorted(
+        (
+            json.loads(line.split("RESULT ", 1)[1])
+            for line in result.stdout.splitlines()
+            if "RESULT " in line
+        ),
+        key=lambda r: r["rank"],
+    )
     # mlx.launch exits 0 even when a rank fails: each rank must have reported.
-    assert [r["rank"] for r in ranks] == [0, 1], result.stdout[-2000:] + result.stderr[-3000:]
+    assert [r["rank"] for r in ranks] == [0, 1], (
+        result.stdout[-2000:] + result.stderr[-3000:]
+    )
     assert all(r["size"] == 2 for r in ranks)
     schemes = {}
     for r in ranks:
         assert r["plan_matches"], r
         start = r["layers"][0]
-        assert [s for s in r["seeds"] if s is not None] == [int(i) for i, s in r["schemes"].items() if s]
+        assert [s for s in r["seeds"] if s is not None] == [
+            int(i) for i, s in r["schemes"].items() if s
+        ]
         assert all(s is None or s >= start for s in r["seeds"])
         schemes.update({int(i): s for i, s in r["schemes"].items()})
     if sharding == "pipeline":
@@ -204,12 +278,16 @@ def test_two_local_processes_match_one_process(name, sharding, turbo8_layers, ti
     else:
         for r in ranks:
             assert r["layers"] == [0, 6]
-            assert [2 * b for b in r["rank_bytes"]] == r["share_bytes"], r  # one of the 2 KV heads
+            assert [2 * b for b in r["rank_bytes"]] == r["share_bytes"], (
+                r
+            )  # one of the 2 KV heads
             # Measured 0.0093 (0.0049 with mlx-lm's caches): the sharded o_proj / MLP sums
             # round differently; the bound leaves room for that noise, not for a wrong head.
             assert r["max_logit_difference"] < 0.05, r
     assert sorted(i for i, s in schemes.items() if s == "turbo8") == turbo8_layers
-    assert all(s in (None, "turbo4") for i, s in schemes.items() if i not in turbo8_layers)
+    assert all(
+        s in (None, "turbo4") for i, s in schemes.items() if i not in turbo8_layers
+    )
     notices = (result.stdout + result.stderr).count(f"[mlx-lm-turbo] {name}: KV caches")
     assert notices == 1, result.stderr[-2000:]  # rank 0 alone
 
@@ -218,13 +296,17 @@ def test_two_local_processes_match_one_process(name, sharding, turbo8_layers, ti
 def test_a_pipeline_stage_can_tie_its_send_to_the_last_cache_keys(uncompressed_start):
     """mlx-lm's pipelined models run ``cache[-1].keys = mx.depends(cache[-1].keys, h)``
     on every rank but rank 0; the cache must take it and read as before."""
-    from mlx_lm_turbo.cache import TurboQuantKVCache
+    from mlx_lm_turbo.cache.cache import TurboQuantKVCache
 
     cache = TurboQuantKVCache("turbo4", uncompressed_start=uncompressed_start)
-    keys, values = (mx.random.normal((1, 2, 20, 64), key=mx.random.key(i)) for i in (1, 2))
+    keys, values = (
+        mx.random.normal((1, 2, 20, 64), key=mx.random.key(i)) for i in (1, 2)
+    )
     cache.update_and_fetch(keys, values)
     before = [mx.array(a) for a in cache.state if isinstance(a, mx.array)]
     cache.keys = mx.depends(cache.keys, mx.ones((3,)))
     after = [a for a in cache.state if isinstance(a, mx.array)]
-    assert len(before) == len(after) and all(mx.array_equal(a, b) for a, b in zip(before, after))
+    assert len(before) == len(after) and all(
+        mx.array_equal(a, b) for a, b in zip(before, after)
+    )
     assert cache.offset == 20

@@ -17,9 +17,15 @@ import pytest
 from conftest import outlier_keys, relative_error
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
-from mlx_lm_turbo.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.kernels import (KERNEL_ENV, KernelUnavailableError, fused_decode_attention, fused_encode,
-                                  kernel_mode, layer_support)
+from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.kernels import (
+    KERNEL_ENV,
+    KernelUnavailableError,
+    fused_decode_attention,
+    fused_encode,
+    kernel_mode,
+    layer_support,
+)
 
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 TOLERANCE = 2e-3
@@ -31,7 +37,9 @@ def filled_cache(cache, T, H, D, dtype, seed=0, chunk=None):
     values = mx.random.normal((1, H, T, D), key=mx.random.key(seed + 1)).astype(dtype)
     step = chunk or T
     for start in range(0, T, step):
-        cache.update_and_fetch(keys[:, :, start:start + step], values[:, :, start:start + step])
+        cache.update_and_fetch(
+            keys[:, :, start : start + step], values[:, :, start : start + step]
+        )
     return cache
 
 
@@ -69,7 +77,9 @@ def float32_reference(monkeypatch, q, view, mask, sinks=None, scale=None):
     if not view.codec.scheme.key_bits:  # keys stored in the model's dtype
         ref.stored = (up(view.stored[0]), *view.stored[1:])
     monkeypatch.setenv(KERNEL_ENV, "off")
-    return turbo_scaled_dot_product_attention(q.astype(mx.float32), ref, scale, mask, sinks)
+    return turbo_scaled_dot_product_attention(
+        q.astype(mx.float32), ref, scale, mask, sinks
+    )
 
 
 def check(monkeypatch, q, view, mask, sinks=None):
@@ -102,16 +112,32 @@ def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "on")
     with pytest.raises(KernelUnavailableError, match=f"{KERNEL_ENV}=on.*cannot run"):
         turbo_scaled_dot_product_attention(q, view, 0.125, mask)
-    monkeypatch.setenv(KERNEL_ENV, "auto")  # auto: the portable path, same answer as off
+    monkeypatch.setenv(
+        KERNEL_ENV, "auto"
+    )  # auto: the portable path, same answer as off
     auto = turbo_scaled_dot_product_attention(q, view, 0.125, mask)
     monkeypatch.setenv(KERNEL_ENV, "off")
-    assert mx.array_equal(auto, turbo_scaled_dot_product_attention(q, view, 0.125, mask)).item()
+    assert mx.array_equal(
+        auto, turbo_scaled_dot_product_attention(q, view, 0.125, mask)
+    ).item()
 
 
 # -- on the GPU ------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo4v2", "turbo3v2",
-                                    "turbo0v4", "turbo0v2", "turbo8v4"])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "turbo4",
+        "turbo3",
+        "turbo2",
+        "turbo8",
+        "turbo4v2",
+        "turbo3v2",
+        "turbo0v4",
+        "turbo0v2",
+        "turbo8v4",
+    ],
+)
 def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
@@ -132,7 +158,9 @@ def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
 @pytest.mark.parametrize("G", [1, 3, 8])
 @pytest.mark.parametrize("L", [1, 2, 8])
 def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 3000, 4, 128, mx.float16, chunk=1024)
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4"), 3000, 4, 128, mx.float16, chunk=1024
+    )
     q, view, mask = step_inputs(cache, L, 4, G, 128, mx.float16)
     check(monkeypatch, q, view, mask)
 
@@ -140,19 +168,32 @@ def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
 @pytest.mark.gpu
 @pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
 def test_key_calibrations_and_attention_sinks(monkeypatch, calibration):
-    cache = filled_cache(TurboQuantKVCache("turbo4", key_calibration=calibration), 900, 4, 64,
-                         mx.bfloat16)
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", key_calibration=calibration),
+        900,
+        4,
+        64,
+        mx.bfloat16,
+    )
     q, view, mask = step_inputs(cache, 1, 4, 2, 64, mx.bfloat16)
     check(monkeypatch, q, view, mask)
-    sinks = 3 * mx.random.normal((8,), key=mx.random.key(3))  # GPT-OSS learned sink logits
+    sinks = 3 * mx.random.normal(
+        (8,), key=mx.random.key(3)
+    )  # GPT-OSS learned sink logits
     check(monkeypatch, q, view, mask, sinks)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
 def test_sliding_window_cache(monkeypatch, scheme):
-    cache = filled_cache(TurboQuantRotatingKVCache(scheme, max_size=512), 1500, 2, 128,
-                         mx.float16, chunk=500)
+    cache = filled_cache(
+        TurboQuantRotatingKVCache(scheme, max_size=512),
+        1500,
+        2,
+        128,
+        mx.float16,
+        chunk=500,
+    )
     for step in range(3):  # the ring wraps
         mask = cache.make_mask(1, window_size=512)
         q, view, _ = step_inputs(cache, 1, 2, 4, 128, mx.float16, seed=10 + step)
@@ -162,12 +203,16 @@ def test_sliding_window_cache(monkeypatch, scheme):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scheme", ["turbo3", "turbo0v4"])
 def test_batch_rows_of_different_lengths(monkeypatch, scheme):
-    singles = [filled_cache(TurboQuantKVCache(scheme), n, 4, 128, mx.float16, seed=n)
-               for n in (700, 90, 1300)]
+    singles = [
+        filled_cache(TurboQuantKVCache(scheme), n, 4, 128, mx.float16, seed=n)
+        for n in (700, 90, 1300)
+    ]
     batch = TurboQuantKVCache.merge(singles)
     for step in range(2):
         k = mx.random.normal((3, 4, 1, 128), key=mx.random.key(step)).astype(mx.float16)
-        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(mx.float16)
+        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(
+            mx.float16
+        )
         mask = batch.make_mask(1, return_array=True)
         view, _ = batch.update_and_fetch(k, k)
         check(monkeypatch, q, view, mask)
@@ -175,13 +220,17 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 
 @pytest.mark.gpu
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192)
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
+    )
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
     check(monkeypatch, q, view, mask)
 
 
 @pytest.mark.gpu
-def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monkeypatch):
+def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
+    monkeypatch,
+):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
     monkeypatch.setenv(KERNEL_ENV, "auto")
     q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
@@ -191,17 +240,26 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(monk
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme, calibration", [("turbo4", "center"), ("turbo3", "center+scale"),
-                                                 ("turbo2", "none"), ("turbo8v4", "center"),
-                                                 ("turbo0v3", None)])
+@pytest.mark.parametrize(
+    "scheme, calibration",
+    [
+        ("turbo4", "center"),
+        ("turbo3", "center+scale"),
+        ("turbo2", "none"),
+        ("turbo8v4", "center"),
+        ("turbo0v3", None),
+    ],
+)
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
-    from mlx_lm_turbo.codec import TurboCodec
-    from mlx_lm_turbo.schemes import parse_scheme
+    from mlx_lm_turbo.codec.codec import TurboCodec
+    from mlx_lm_turbo.codec.schemes import parse_scheme
 
     keys = outlier_keys((2, 4, 300, D)).astype(mx.bfloat16)
     values = mx.random.normal((2, 4, 300, D)).astype(mx.bfloat16)
-    codec = TurboCodec.for_keys(parse_scheme(scheme), keys, values, key_calibration=calibration)
+    codec = TurboCodec.for_keys(
+        parse_scheme(scheme), keys, values, key_calibration=calibration
+    )
     codec.calibrate(keys)
     monkeypatch.setenv(KERNEL_ENV, "off")
     stored, exact_keys, exact_values = codec.encode(keys, values)
@@ -212,7 +270,9 @@ def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
     assert relative_error(fused_values, exact_values) < 1e-3
     for mine, theirs in zip(fused, stored):
         assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
-        if mine.dtype == mx.uint32:  # codes: a coordinate within float error of a boundary may flip
+        if (
+            mine.dtype == mx.uint32
+        ):  # codes: a coordinate within float error of a boundary may flip
             assert (mine != theirs).astype(mx.float32).mean().item() < 0.01
         else:
             assert mx.allclose(mine, theirs, rtol=2e-3, atol=1e-3).item()
@@ -223,7 +283,7 @@ def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
 
 
 def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
-    from mlx_lm_turbo.doctor import main as doctor
+    from mlx_lm_turbo.tools.doctor import main as doctor
 
     doctor(["--model", str(tiny_model("llama"))])
     out = capsys.readouterr().out
@@ -240,7 +300,11 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
     q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
     assert fused_decode_attention(q, view, 0.125, mask, 3 * mx.ones((4,))) is not None
-    ring = filled_cache(TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16)
+    ring = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16
+    )
     q, view, mask = step_inputs(ring, 1, 2, 2, 64, mx.float16)
-    assert view.sinks is not None and view.new_keys is None  # the newest token, held exactly
+    assert (
+        view.sinks is not None and view.new_keys is None
+    )  # the newest token, held exactly
     assert fused_decode_attention(q, view, 0.125, mask) is not None

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlx_lm_turbo.packing import PACKABLE_BITS, pack, packed_words, unpack
+from mlx_lm_turbo.codec.packing import PACKABLE_BITS, pack, packed_words, unpack
 
 
 @settings(max_examples=60, deadline=None)
@@ -52,13 +52,17 @@ def test_unpackable_width_is_refused():
 def test_dequantize_matches_codebook_lookup_at_every_length(bits, dim):
     # The dequantizer is compiled shapeless where it can be: one trace must serve
     # every cache length and batch size, so vary both.
-    from mlx_lm_turbo.codebooks import codebook
-    from mlx_lm_turbo.codec import dequantize_rotated
+    from mlx_lm_turbo.codec.codebooks import codebook
+    from mlx_lm_turbo.codec.codec import dequantize_rotated
 
     rng = np.random.default_rng(bits * dim)
     for batch, tokens in [(1, 1), (2, 7), (1, 300), (3, 2)]:
         indices = rng.integers(0, 2**bits, size=(batch, 3, tokens, dim))
-        norms = mx.array(rng.uniform(0.5, 2.0, size=(batch, 3, tokens, 1))).astype(mx.float16)
-        got = dequantize_rotated(pack(mx.array(indices), bits), norms, bits, dim, mx.float16)
+        norms = mx.array(rng.uniform(0.5, 2.0, size=(batch, 3, tokens, 1))).astype(
+            mx.float16
+        )
+        got = dequantize_rotated(
+            pack(mx.array(indices), bits), norms, bits, dim, mx.float16
+        )
         expected = codebook(dim, bits).astype(mx.float16)[mx.array(indices)] * norms
         assert mx.array_equal(got, expected), (batch, tokens)

@@ -2,18 +2,30 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_lm_turbo.rotation import Rotation, rotation, splitmix64_signs
+from mlx_lm_turbo.codec.rotation import Rotation, rotation, splitmix64_signs
 
 
-@pytest.mark.parametrize("head_dim, dense", [(64, False), (96, False), (128, False), (256, False),
-                                             (80, True), (112, True), (160, True)])
+@pytest.mark.parametrize(
+    "head_dim, dense",
+    [
+        (64, False),
+        (96, False),
+        (128, False),
+        (256, False),
+        (80, True),
+        (112, True),
+        (160, True),
+    ],
+)
 def test_orthogonal_and_invertible(head_dim, dense):
     r = rotation(head_dim, 0, 5)
     assert (r.matrix is not None) == dense
     x = mx.random.normal((7, head_dim), key=mx.random.key(0))
     y = r.forward(x)
     # tolerances allow GPU matmuls' reduced-precision float32 (TF32)
-    assert mx.allclose(mx.linalg.norm(y, axis=-1), mx.linalg.norm(x, axis=-1), rtol=2e-3).item()
+    assert mx.allclose(
+        mx.linalg.norm(y, axis=-1), mx.linalg.norm(x, axis=-1), rtol=2e-3
+    ).item()
     assert mx.allclose(r.inverse(y), x, atol=5e-3).item()
     # inner products are preserved, which is what attention needs
     assert mx.allclose(y @ y.T, x @ x.T, rtol=5e-3, atol=5e-2).item()
@@ -44,7 +56,9 @@ def test_signs_are_the_projects_own_definition():
     assert flipped(splitmix64_signs(64, 0, 0)) == 0x4D20042AB778295B
     assert flipped(splitmix64_signs(128, 0, 1)) == 0xA847CAB1486ECB3B32DA0616555CC4A7
     assert flipped(splitmix64_signs(80, 7, 3)) == 0x9B3E7C292D98D69A3C1E
-    assert np.array_equal(np.array(rotation(128, 0, 1).signs), splitmix64_signs(128, 0, 1))
+    assert np.array_equal(
+        np.array(rotation(128, 0, 1).signs), splitmix64_signs(128, 0, 1)
+    )
 
 
 def test_sizes_without_a_hadamard_transform_are_refused():

@@ -12,12 +12,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
-
-import mlx_lm_turbo.rotation as rotation
-from mlx_lm_turbo import make_prompt_cache
-from mlx_lm_turbo.cache import FORMAT_VERSION
-from mlx_lm_turbo.errors import CacheFormatError, UsageError
 from test_cli import BIN
+
+import mlx_lm_turbo.codec.rotation as rotation
+from mlx_lm_turbo import make_prompt_cache
+from mlx_lm_turbo.cache.cache import FORMAT_VERSION
+from mlx_lm_turbo.errors import CacheFormatError, UsageError
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "turbo-0.1.0"
 
@@ -33,8 +33,14 @@ def generate(tmp_path, *args):
     if not model.exists():
         shutil.copytree(FIXTURE, model)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
-    return subprocess.run([str(BIN / "mlx_lm.generate"), "--model", "model", *map(str, args)], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=240)
+    return subprocess.run(
+        [str(BIN / "mlx_lm.generate"), "--model", "model", *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
 
 
 ZERO_ONE_ZERO = "saved by mlx-lm-turbo 0.1.0, which compressed under other rules"
@@ -47,8 +53,15 @@ def test_a_file_saved_by_0_1_0_is_refused_with_the_reason(name, tmp_path):
     silently different continuation."""
     with pytest.raises(CacheFormatError, match=ZERO_ONE_ZERO):
         load_prompt_cache(str(FIXTURE / f"{name}.safetensors"))
-    result = generate(tmp_path, "--prompt-cache-file", f"model/{name}.safetensors", "--prompt", " and more",
-                      "--max-tokens", 12)
+    result = generate(
+        tmp_path,
+        "--prompt-cache-file",
+        f"model/{name}.safetensors",
+        "--prompt",
+        " and more",
+        "--max-tokens",
+        12,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert ZERO_ONE_ZERO in result.stderr and "Re-create it" in result.stderr
     assert "Traceback" not in result.stderr
@@ -66,18 +79,30 @@ def with_meta_changed(source, target, change):
     return target
 
 
-@pytest.mark.parametrize("change, why", [
-    (lambda meta: meta.update(format=FORMAT_VERSION + 1),
-     f"saved in format {FORMAT_VERSION + 1} by a newer mlx-lm-turbo; this one reads formats up to "
-     f"{FORMAT_VERSION}. Upgrade mlx-lm-turbo or re-create the cache."),
-    # The file check before loading names the missing entry first.
-    (lambda meta: meta.pop("sink_tokens"), "its metadata has sink_tokens=None"),
-], ids=["newer", "incomplete"])
-def test_newer_and_incomplete_files_are_refused_by_the_commands_with_the_reason(change, why, tmp_path):
-    path = with_meta_changed(FIXTURE / "plain.safetensors", tmp_path / "edited.safetensors", change)
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (
+            lambda meta: meta.update(format=FORMAT_VERSION + 1),
+            f"saved in format {FORMAT_VERSION + 1} by a newer mlx-lm-turbo; this one reads formats up to "
+            f"{FORMAT_VERSION}. Upgrade mlx-lm-turbo or re-create the cache.",
+        ),
+        # The file check before loading names the missing entry first.
+        (lambda meta: meta.pop("sink_tokens"), "its metadata has sink_tokens=None"),
+    ],
+    ids=["newer", "incomplete"],
+)
+def test_newer_and_incomplete_files_are_refused_by_the_commands_with_the_reason(
+    change, why, tmp_path
+):
+    path = with_meta_changed(
+        FIXTURE / "plain.safetensors", tmp_path / "edited.safetensors", change
+    )
     with pytest.raises(UsageError, match=why.split(";")[0]):
         load_prompt_cache(str(path))
-    result = generate(tmp_path, "--prompt-cache-file", path, "--prompt", "x", "--max-tokens", 2)
+    result = generate(
+        tmp_path, "--prompt-cache-file", path, "--prompt", "x", "--max-tokens", 2
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert why in result.stderr and "Traceback" not in result.stderr
 
@@ -91,6 +116,9 @@ def test_new_files_name_their_format_and_rotation(fixture_model, tmp_path):
     loaded = load_prompt_cache(str(tmp_path / "c.safetensors"))
     for c in loaded:
         meta = json.loads(c.meta_state[0])
-        assert meta["format"] == FORMAT_VERSION and json.loads(meta["codec"])["signs"] == rotation.SIGNS
+        assert (
+            meta["format"] == FORMAT_VERSION
+            and json.loads(meta["codec"])["signs"] == rotation.SIGNS
+        )
     last = tokens[:, -1:]
     assert mx.array_equal(model(last, cache=loaded), model(last, cache=cache)).item()

@@ -1,20 +1,23 @@
 import pytest
 
 from mlx_lm_turbo import KVScheme, parse_scheme
-from mlx_lm_turbo.schemes import valid_scheme_names
+from mlx_lm_turbo.codec.schemes import valid_scheme_names
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("turbo4", KVScheme(4, 4)),
-    ("turbo3", KVScheme(3, 3)),
-    ("turbo2", KVScheme(2, 2)),
-    ("turbo8", KVScheme(8, 8)),
-    ("turbo4v2", KVScheme(4, 2)),
-    ("turbo0v4", KVScheme(0, 4)),
-    ("turbo8v4", KVScheme(8, 4)),
-    ("turbo4-compact", KVScheme(4, 4, True)),
-    (" TURBO3v4 ", KVScheme(3, 4)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("turbo4", KVScheme(4, 4)),
+        ("turbo3", KVScheme(3, 3)),
+        ("turbo2", KVScheme(2, 2)),
+        ("turbo8", KVScheme(8, 8)),
+        ("turbo4v2", KVScheme(4, 2)),
+        ("turbo0v4", KVScheme(0, 4)),
+        ("turbo8v4", KVScheme(8, 4)),
+        ("turbo4-compact", KVScheme(4, 4, True)),
+        (" TURBO3v4 ", KVScheme(3, 4)),
+    ],
+)
 def test_valid(text, expected):
     scheme = parse_scheme(text)
     assert scheme == expected
@@ -26,13 +29,27 @@ def test_off(text):
     assert parse_scheme(text) is None
 
 
-@pytest.mark.parametrize("text, nearest", [
-    ("turbo5", "turbo4"), ("turbo1", "turbo2"), ("turbo0", "turbo0v4"),
-    ("turbo4v0", "turbo4v2"), ("turbo4v5", "turbo4"), ("q4", "turbo4"), ("turbo16", "turbo8"),
-    # only canonical ASCII forms are schemes: other digits and leading zeros are near misses
-    ("turbo\uff14", "turbo4"), ("turbo\u0664", "turbo4"), ("turbo04", "turbo4"), ("turbo4v02", "turbo4v2"),
-    ("turbo4v", "turbo4"), ("off", "none"), ("fp16", "none"), ("turbo4compact", "turbo4-compact"),
-])
+@pytest.mark.parametrize(
+    "text, nearest",
+    [
+        ("turbo5", "turbo4"),
+        ("turbo1", "turbo2"),
+        ("turbo0", "turbo0v4"),
+        ("turbo4v0", "turbo4v2"),
+        ("turbo4v5", "turbo4"),
+        ("q4", "turbo4"),
+        ("turbo16", "turbo8"),
+        # only canonical ASCII forms are schemes: other digits and leading zeros are near misses
+        ("turbo\uff14", "turbo4"),
+        ("turbo\u0664", "turbo4"),
+        ("turbo04", "turbo4"),
+        ("turbo4v02", "turbo4v2"),
+        ("turbo4v", "turbo4"),
+        ("off", "none"),
+        ("fp16", "none"),
+        ("turbo4compact", "turbo4-compact"),
+    ],
+)
 def test_invalid_names_nearest_and_lists_forms(text, nearest):
     with pytest.raises(ValueError) as info:
         parse_scheme(text)
@@ -55,7 +72,7 @@ def test_garbage_gets_no_made_up_suggestion():
 
 
 def test_suggestions_never_add_compact_unasked():
-    from mlx_lm_turbo.schemes import _nearest_scheme
+    from mlx_lm_turbo.codec.schemes import _nearest_scheme
 
     for text in ("off", "q8", "turbo9", "turbo8v", "bits8"):
         assert "compact" not in _nearest_scheme(text)

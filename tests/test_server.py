@@ -9,29 +9,43 @@ import time
 import urllib.request
 
 import pytest
+from conftest import count_merges
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import batch_generate
+from test_cli import BIN, _free_port
+from tiny_models import ARCHITECTURES
 
 import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import make_prompt_cache, parse_scheme
-from conftest import count_merges
-from test_cli import BIN, _free_port
-from tiny_models import ARCHITECTURES
 
 pytestmark = pytest.mark.slow  # subprocesses: the quick loop is pytest -m 'not slow'
 
 
-def test_batch_generate_with_turbo_caches_matches_one_at_a_time(tiny_model, monkeypatch):
-    from mlx_lm_turbo.batch_cache import TurboQuantBatchKVCache
+def test_batch_generate_with_turbo_caches_matches_one_at_a_time(
+    tiny_model, monkeypatch
+):
+    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
 
     model, tokenizer = load(str(tiny_model("llama")))
-    monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=1))
+    monkeypatch.setattr(
+        settings, "active", settings.Settings(parse_scheme("turbo4"), boundary_skip=1)
+    )
     merged = count_merges(monkeypatch, TurboQuantBatchKVCache)
-    prompts = [tokenizer.encode(t) for t in ("hello there", "the quick brown fox jumps over", "a",
-                                              "hello hello hello hello hello hello hello")]
+    prompts = [
+        tokenizer.encode(t)
+        for t in (
+            "hello there",
+            "the quick brown fox jumps over",
+            "a",
+            "hello hello hello hello hello hello hello",
+        )
+    ]
     batched = batch_generate(model, tokenizer, prompts, max_tokens=10).texts
     assert merged and max(merged) == len(prompts)  # really one batch of four
-    one_at_a_time = ["".join(r.text for r in stream_generate(model, tokenizer, p, max_tokens=10)) for p in prompts]
+    one_at_a_time = [
+        "".join(r.text for r in stream_generate(model, tokenizer, p, max_tokens=10))
+        for p in prompts
+    ]
     assert batched == one_at_a_time
 
 
@@ -41,8 +55,19 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
         env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
         self.process = subprocess.Popen(
-            [str(BIN / "mlx_lm.server"), "--model", str(model), "--port", str(self.port), *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                str(BIN / "mlx_lm.server"),
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         deadline = time.time() + 60
         while True:  # ready once it accepts connections
             try:
@@ -54,15 +79,20 @@ class Server:
                 time.sleep(0.2)
 
     def ask(self, path, payload, stream=False):
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
-                                         data=json.dumps({**payload, "stream": stream}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps({**payload, "stream": stream}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             body = response.read().decode()
         if not stream:
             return json.loads(body)
-        chunks = [json.loads(line[6:]) for line in body.splitlines()
-                  if line.startswith("data: ") and line != "data: [DONE]"]
+        chunks = [
+            json.loads(line[6:])
+            for line in body.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
         return chunks
 
     def stop(self):
@@ -71,7 +101,11 @@ class Server:
 
 
 def chat(content, max_tokens=8):
-    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0.0}
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
 
 
 def text_of(reply):
@@ -80,17 +114,30 @@ def text_of(reply):
 
 def cold_answer(model, tokenizer, request):
     """The request answered alone by a fresh process: its own new caches, nothing reused."""
-    prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        request["messages"], add_generation_prompt=True
+    )
     cache = make_prompt_cache(model, "turbo4")
-    return "".join(r.text for r in stream_generate(model, tokenizer, prompt, max_tokens=request["max_tokens"],
-                                                   prompt_cache=cache))
+    return "".join(
+        r.text
+        for r in stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=request["max_tokens"],
+            prompt_cache=cache,
+        )
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_concurrent_load_is_batched_and_matches_cold_single_requests(arch, tiny_model):
     server = Server(tiny_model(arch), "--kv-scheme", "turbo4")
     shared = "Once upon a time in a small village by the sea " * 3
-    requests = [chat(shared + f"story {i % 5}" + " more" * (i % 7), max_tokens=6 + i % 4) for i in range(48)]
+    requests = [
+        chat(shared + f"story {i % 5}" + " more" * (i % 7), max_tokens=6 + i % 4)
+        for i in range(48)
+    ]
     results, errors = {}, []
 
     def client(worker):
@@ -114,7 +161,11 @@ def test_concurrent_load_is_batched_and_matches_cold_single_requests(arch, tiny_
     model, tokenizer = load(str(tiny_model(arch)))
     cold = {i: cold_answer(model, tokenizer, requests[i]) for i in range(0, 48, 5)}
     assert {i: results[i] for i in cold} == cold
-    batch_sizes = [int(line.split("batching ")[1].split()[0]) for line in log.splitlines() if "batching " in line]
+    batch_sizes = [
+        int(line.split("batching ")[1].split()[0])
+        for line in log.splitlines()
+        if "batching " in line
+    ]
     assert batch_sizes and max(batch_sizes) >= 2, log[-2000:]
 
 
@@ -123,15 +174,25 @@ def test_streaming_and_completions_endpoints(tiny_model):
     try:
         plain = server.ask("/v1/chat/completions", chat("hello"))
         streamed = server.ask("/v1/chat/completions", chat("hello"), stream=True)
-        completion = server.ask("/v1/completions", {"prompt": "hello there", "max_tokens": 5, "temperature": 0.0})
-        bad = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/chat/completions", data=b"{not json",
-                                     headers={"Content-Type": "application/json"})
+        completion = server.ask(
+            "/v1/completions",
+            {"prompt": "hello there", "max_tokens": 5, "temperature": 0.0},
+        )
+        bad = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/v1/chat/completions",
+            data=b"{not json",
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(bad, timeout=30)
         again = server.ask("/v1/chat/completions", chat("hello"))  # still serving
     finally:
         server.stop()
-    streamed_text = "".join(c["choices"][0]["delta"].get("content", "") or "" for c in streamed if c.get("choices"))
+    streamed_text = "".join(
+        c["choices"][0]["delta"].get("content", "") or ""
+        for c in streamed
+        if c.get("choices")
+    )
     assert streamed_text == text_of(plain) == text_of(again)
     assert completion["choices"][0]["text"]
 
@@ -142,23 +203,51 @@ def test_prompt_cache_reuse_matches_a_cold_server(tiny_model):
     Warm and cold need not agree bit for bit by design: a cold prompt attends exactly to
     itself within its prefill chunk, a warm one to the compressed cached prefix; here
     (turbo4, greedy) they agree token for token."""
-    turn1 = [{"role": "user", "content": "Tell me about the sea and the small village."}]
+    turn1 = [
+        {"role": "user", "content": "Tell me about the sea and the small village."}
+    ]
     warm = Server(tiny_model("llama"), "--kv-scheme", "turbo4")
     try:
-        reply1 = text_of(warm.ask("/v1/chat/completions", {"messages": turn1, "max_tokens": 8, "temperature": 0.0}))
-        turn2 = turn1 + [{"role": "assistant", "content": reply1}, {"role": "user", "content": "And then?"}]
-        edited = turn1 + [{"role": "assistant", "content": reply1}, {"role": "user", "content": "Why?"}]
-        warm_replies = [text_of(warm.ask("/v1/chat/completions", {"messages": m, "max_tokens": 8, "temperature": 0.0}))
-                        for m in (turn2, edited)]
+        reply1 = text_of(
+            warm.ask(
+                "/v1/chat/completions",
+                {"messages": turn1, "max_tokens": 8, "temperature": 0.0},
+            )
+        )
+        turn2 = turn1 + [
+            {"role": "assistant", "content": reply1},
+            {"role": "user", "content": "And then?"},
+        ]
+        edited = turn1 + [
+            {"role": "assistant", "content": reply1},
+            {"role": "user", "content": "Why?"},
+        ]
+        warm_replies = [
+            text_of(
+                warm.ask(
+                    "/v1/chat/completions",
+                    {"messages": m, "max_tokens": 8, "temperature": 0.0},
+                )
+            )
+            for m in (turn2, edited)
+        ]
     finally:
         log = warm.stop()
     cold_replies = []
     for messages in (turn2, edited):
         cold = Server(tiny_model("llama"), "--kv-scheme", "turbo4")
         try:
-            cold_replies.append(text_of(cold.ask("/v1/chat/completions",
-                                                 {"messages": messages, "max_tokens": 8, "temperature": 0.0})))
+            cold_replies.append(
+                text_of(
+                    cold.ask(
+                        "/v1/chat/completions",
+                        {"messages": messages, "max_tokens": 8, "temperature": 0.0},
+                    )
+                )
+            )
         finally:
             cold.stop()
     assert warm_replies == cold_replies
-    assert "Prompt Cache: 1 sequences" in log or "Prompt Cache: 2 sequences" in log  # the LRU held turn 1
+    assert (
+        "Prompt Cache: 1 sequences" in log or "Prompt Cache: 2 sequences" in log
+    )  # the LRU held turn 1

@@ -12,5 +12,11 @@ from .decode_attention import fused_decode_attention
 from .dispatch import KERNEL_ENV, KernelUnavailableError, kernel_mode, layer_support
 from .encode import fused_encode
 
-__all__ = ["KERNEL_ENV", "KernelUnavailableError", "fused_decode_attention", "fused_encode",
-           "kernel_mode", "layer_support"]
+__all__ = [
+    "KERNEL_ENV",
+    "KernelUnavailableError",
+    "fused_decode_attention",
+    "fused_encode",
+    "kernel_mode",
+    "layer_support",
+]

@@ -23,17 +23,21 @@ from functools import lru_cache
 
 import mlx.core as mx
 
-from ..codebooks import codebook
+from ..codec.codebooks import codebook
 from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
-MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer queries are prefill
+MAX_QUERIES = (
+    8  # decode and speculative decoding's verify step; longer queries are prefill
+)
 WARPS = 4
 # Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.
 MAX_ROW_VALUES = 1024
 # Slicing: at least a tile per warp in each slice, and about this many blocks in all,
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
-TARGET_BLOCKS = 512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
+TARGET_BLOCKS = (
+    512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
+)
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
 
 
@@ -61,24 +65,49 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
 
 
-INPUTS = ("q", "kscale", "k_signs", "key_codes", "key_norms", "value_codes", "value_norms",
-          "k_levels_in", "v_levels_in", "sink_keys", "sink_values", "sink_pos", "tail_keys",
-          "tail_values", "mask", "scale", "v_signs", "sink_logits")
+INPUTS = (
+    "q",
+    "kscale",
+    "k_signs",
+    "key_codes",
+    "key_norms",
+    "value_codes",
+    "value_norms",
+    "k_levels_in",
+    "v_levels_in",
+    "sink_keys",
+    "sink_values",
+    "sink_pos",
+    "tail_keys",
+    "tail_values",
+    "mask",
+    "scale",
+    "v_signs",
+    "sink_logits",
+)
 
 
 @lru_cache(maxsize=None)
 def _kernel():
     return mx.fast.cuda_kernel(
-        name="turbo_decode_attention", input_names=list(INPUTS), output_names=["out", "work"],
-        source=source("decode_attention.cu"), header=source("common.cuh"),
+        name="turbo_decode_attention",
+        input_names=list(INPUTS),
+        output_names=["out", "work"],
+        source=source("decode_attention.cu"),
+        header=source("common.cuh"),
         ensure_row_contiguous=False,
     )
 
 
 def _slices(n_tokens, blocks_per_slice):
     """How many slices to cut a cache of n_tokens into (the kernel sizes them alike)."""
-    return max(1, min(math.ceil(n_tokens / MIN_SLICE_TOKENS),
-                      math.ceil(TARGET_BLOCKS / blocks_per_slice)))
+    return max(
+        1,
+        min(
+            math.ceil(n_tokens / MIN_SLICE_TOKENS),
+            math.ceil(TARGET_BLOCKS / blocks_per_slice),
+        ),
+    )
 
 
 @lru_cache(maxsize=None)
@@ -109,17 +138,29 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         k_signs = codec.key_rotation.signs
     else:
         key_codes, value_codes, value_norms = kv.stored
-        key_norms, k_levels, k_signs = placeholder(mx.float16), placeholder(mx.float32), placeholder(mx.float32)
+        key_norms, k_levels, k_signs = (
+            placeholder(mx.float16),
+            placeholder(mx.float32),
+            placeholder(mx.float32),
+        )
     n_tokens = value_codes.shape[2]
 
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
-    tail_keys, tail_values = (kv.new_keys, kv.new_values) if n_exact else (placeholder(dtype),) * 2
+    tail_keys, tail_values = (
+        (kv.new_keys, kv.new_values) if n_exact else (placeholder(dtype),) * 2
+    )
     n_sinks = 0
-    sink_keys, sink_values, sink_pos = placeholder(dtype), placeholder(dtype), placeholder(mx.int32)
+    sink_keys, sink_values, sink_pos = (
+        placeholder(dtype),
+        placeholder(dtype),
+        placeholder(mx.int32),
+    )
     if kv.sinks is not None:
         keys, values, positions = kv.sinks
         n_sinks = keys.shape[2]
-        sink_keys, sink_values, sink_pos = (broadcast_rows(a, B) for a in (keys, values, positions))
+        sink_keys, sink_values, sink_pos = (
+            broadcast_rows(a, B) for a in (keys, values, positions)
+        )
     kscale = placeholder(mx.float32)
     if codec.key_scale is not None:
         kscale = broadcast_rows(codec.key_scale, B)
@@ -134,23 +175,54 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
 
     sink_logits = placeholder(mx.float32)
     if sinks is not None:
-        logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
+        logits = mx.broadcast_to(
+            sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L)
+        )
         shift = codec.score_shift(queries, scale)
         if shift is not None:  # centring moved every score by it; move the sink instead
             logits = logits - shift[..., 0]
         sink_logits = mx.contiguous(logits * math.log2(math.e))
     groups = B * H * row_groups
     out, _ = _kernel()(
-        inputs=[queries, kscale, k_signs, key_codes, key_norms, value_codes, value_norms,
-                k_levels, codebook(D, codec.scheme.value_bits), sink_keys, sink_values, sink_pos,
-                tail_keys, tail_values, mask_arg, _scalar(scale), codec.value_rotation.signs,
-                sink_logits],
-        template=[("T", dtype), ("MT", mask_arg.dtype), ("D", D), ("G", G), ("L", L),
-                  ("R", rows), ("KB", codec.scheme.key_bits), ("VB", codec.scheme.value_bits),
-                  ("NW", WARPS), ("MASK_KIND", mask_kind), ("MASK_BOOL", mask_arg.dtype == mx.bool_),
-                  ("HAS_KSCALE", codec.key_scale is not None), ("HAS_TAIL", n_exact > 0),
-                  ("HAS_SINK_TOKENS", n_sinks > 0), ("MAX_SINKS", MAX_SINKS), ("WINDOW", window),
-                  ("HAS_SINKS", sinks is not None)],
+        inputs=[
+            queries,
+            kscale,
+            k_signs,
+            key_codes,
+            key_norms,
+            value_codes,
+            value_norms,
+            k_levels,
+            codebook(D, codec.scheme.value_bits),
+            sink_keys,
+            sink_values,
+            sink_pos,
+            tail_keys,
+            tail_values,
+            mask_arg,
+            _scalar(scale),
+            codec.value_rotation.signs,
+            sink_logits,
+        ],
+        template=[
+            ("T", dtype),
+            ("MT", mask_arg.dtype),
+            ("D", D),
+            ("G", G),
+            ("L", L),
+            ("R", rows),
+            ("KB", codec.scheme.key_bits),
+            ("VB", codec.scheme.value_bits),
+            ("NW", WARPS),
+            ("MASK_KIND", mask_kind),
+            ("MASK_BOOL", mask_arg.dtype == mx.bool_),
+            ("HAS_KSCALE", codec.key_scale is not None),
+            ("HAS_TAIL", n_exact > 0),
+            ("HAS_SINK_TOKENS", n_sinks > 0),
+            ("MAX_SINKS", MAX_SINKS),
+            ("WINDOW", window),
+            ("HAS_SINKS", sinks is not None),
+        ],
         grid=(n_parts * 32 * WARPS, groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
         # parts (rows x D), stats (max, sum per row) and a counter per group, in float32 units

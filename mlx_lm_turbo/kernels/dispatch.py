@@ -20,7 +20,9 @@ HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified f
 def kernel_mode() -> str:
     value = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
     if value not in KERNEL_MODES:
-        raise ValueError(f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}.")
+        raise ValueError(
+            f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}."
+        )
     return value
 
 
@@ -45,7 +47,9 @@ def layer_support(key_dim, value_dim) -> "str | None":
     # These are powers of two, so the codec's rotations are Hadamard transforms,
     # which the kernels apply themselves.
     if value_dim not in HEAD_DIMS:
-        return f"head dim {value_dim} (the kernels cover {', '.join(map(str, HEAD_DIMS))})"
+        return (
+            f"head dim {value_dim} (the kernels cover {', '.join(map(str, HEAD_DIMS))})"
+        )
     return None
 
 

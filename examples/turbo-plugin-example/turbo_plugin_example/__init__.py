@@ -6,4 +6,9 @@ from mlx_lm_turbo import hookimpl
 
 @hookimpl
 def mlx_lm_turbo_register_overrides(registry):
-    registry.add(model_type="qwen3", scheme="turbo8v4", boundary_skip=1, source="turbo-plugin-example")
+    registry.add(
+        model_type="qwen3",
+        scheme="turbo8v4",
+        boundary_skip=1,
+        source="turbo-plugin-example",
+    )

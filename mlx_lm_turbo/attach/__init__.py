@@ -1,0 +1,181 @@
+"""What the plugin does as each of mlx-lm's modules finishes loading.
+
+- ``mlx_lm.models.cache``: route ``make_prompt_cache`` through the plugin, and
+  have ``load_prompt_cache`` check a file (``cache_file``) and register the turbo
+  cache classes before reading it (``save_prompt_cache`` adds the checksum it
+  checks). The commands import these names from there, so they all get them;
+  with no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
+- the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
+- ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
+
+Outside the tested mlx-lm range (``compat.py``) nothing is patched; a requested
+scheme gets one notice instead. The wrappers pass every argument through, so an
+mlx-lm that adds one keeps working. Only light modules are imported here: the
+codec loads when a scheme is used.
+"""
+
+import functools
+import os
+import sys
+
+from .. import compat, settings
+from ..errors import UsageError
+
+COMMANDS = (
+    "generate",
+    "chat",
+    "cache_prompt",
+    "benchmark",
+    "perplexity",
+    "server",
+    "evaluate",
+)
+
+
+def _model_and_max_kv_size(model, max_kv_size=None):
+    """make_prompt_cache's arguments in the tested mlx-lm range."""
+    return model, max_kv_size
+
+
+def make_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def make_prompt_cache(*args, **kwargs):
+        active = settings.active
+        if active is None:
+            return original(*args, **kwargs)
+        model, max_kv_size = _model_and_max_kv_size(*args, **kwargs)
+        from ..plugin.prompt_cache import make_prompt_cache as turbo_make_prompt_cache
+
+        caches = turbo_make_prompt_cache(
+            model,
+            active.scheme,
+            boundary_skip=active.boundary_skip,
+            max_kv_size=max_kv_size,
+            uncompressed_start=active.uncompressed_start,
+            model_path=active.model_path,
+        )
+        _announce(model, caches, active.scheme)
+        return caches
+
+    make_prompt_cache.turbo_original = original
+    return make_prompt_cache
+
+
+_announced = set()
+
+
+def _announce(model, caches, requested):
+    """Say once per model, on stderr, what was compressed: a scheme is never silently unused."""
+    if id(model) in _announced:
+        return
+    _announced.add(id(model))
+    import mlx.core as mx
+
+    if (
+        mx.distributed.init().rank() != 0
+    ):  # under mlx.launch, rank 0 speaks for them all
+        return
+    from collections import Counter
+
+    from ..plugin.adapters import model_type_of
+
+    schemes = Counter(c.scheme.name for c in caches if hasattr(c, "codec"))
+    kept = len(caches) - sum(schemes.values())
+    summary = ", ".join(f"{n} x {s}" for s, n in schemes.items())
+    unused = (
+        ""
+        if requested.name in schemes
+        else (
+            f"; no layer uses {requested.name}: every attention layer is a boundary layer "
+            "(--turbo-boundary-skip) or set by an override"
+        )
+    )
+    print(
+        f"[mlx-lm-turbo] {model_type_of(model)}: KV caches {summary}"
+        + (f"; {kept} state caches kept as they are" if kept else "")
+        + unused,
+        file=sys.stderr,
+    )
+
+
+def load_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def load_prompt_cache(*args, **kwargs):
+        from .files import load_prompt_cache as checked_load
+
+        return checked_load(original, *args, **kwargs)
+
+    return load_prompt_cache
+
+
+def save_prompt_cache_with_plugin(original):
+    @functools.wraps(original)
+    def save_prompt_cache(file_name, cache, metadata=None, *args, **kwargs):
+        from .files import save_prompt_cache as checksummed_save
+
+        return checksummed_save(original, file_name, cache, metadata, *args, **kwargs)
+
+    return save_prompt_cache
+
+
+def main_with_plugin(original):
+    @functools.wraps(original)
+    def main(*args, **kwargs):
+        from .options import options_on_first_parser
+
+        try:
+            with options_on_first_parser():
+                return original(*args, **kwargs)
+        except Exception as error:
+            if not isinstance(error, UsageError):
+                raise
+            print(f"mlx-lm-turbo: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        finally:
+            settings.active = None
+
+    main.turbo_original = original
+    return main
+
+
+def run_with_checks(original):
+    """The server checks what it can before serving: a refusal in its generation
+    thread would leave a server that answers every request with an error."""
+
+    @functools.wraps(original)
+    def run(host, port, model_provider, *args, **kwargs):
+        if settings.active is not None:
+            from .preflight import check_server
+
+            check_server(model_provider.cli_args, settings.active)
+        return original(host, port, model_provider, *args, **kwargs)
+
+    return run
+
+
+def attach(module):
+    if not compat.supported():
+        from .options import ENV_SCHEME
+
+        compat.notice_if_scheme_asked(os.environ.get(ENV_SCHEME))
+        return
+    name = module.__name__
+    if name == "mlx_lm.models.cache":
+        module.make_prompt_cache = make_prompt_cache_with_plugin(
+            module.make_prompt_cache
+        )
+        module.load_prompt_cache = load_prompt_cache_with_plugin(
+            module.load_prompt_cache
+        )
+        module.save_prompt_cache = save_prompt_cache_with_plugin(
+            module.save_prompt_cache
+        )
+        return
+    if name.rsplit(".", 1)[-1] in COMMANDS and hasattr(module, "main"):
+        module.main = main_with_plugin(module.main)
+    if name == "mlx_lm.server":
+        module.run = run_with_checks(module.run)
+    if name == "mlx_lm.perplexity":
+        from .perplexity import eval_ppl_with_plugin
+
+        module.eval_ppl = eval_ppl_with_plugin(module.eval_ppl)

@@ -1,0 +1,394 @@
+"""Saved prompt-cache files (``--prompt-cache-file``): checked before mlx-lm builds caches from them.
+
+mlx-lm's ``load_prompt_cache`` trusts the file: a truncated file fails inside MLX's
+loader, metadata that disagrees with the arrays fails deep inside a cache, and
+NaN norms or a wrong offset run and produce garbage. Here every TurboQuant cache
+entry is checked against its own metadata (scheme, dims, dtypes, offsets, finite
+values) and a bad file is refused with one message naming it and what is wrong.
+Corrupted codes look like any others, so saving adds a CRC-32 of the TurboQuant
+entries to the file's metadata and loading compares it.
+"""
+
+import json
+import os
+import sys
+import zlib
+
+import mlx.core as mx
+from mlx.utils import tree_unflatten
+
+from ..codec.packing import packed_words
+from ..codec.schemes import parse_scheme
+from ..errors import PromptCacheFileError, UsageError
+
+TURBO_CLASSES = ("TurboQuantKVCache", "TurboQuantRotatingKVCache")
+CHECKSUM_KEY = (
+    "mlx_lm_turbo_crc32"  # in the file's metadata (no dots: mlx-lm nests on them)
+)
+DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+_CACHE_META = {
+    "scheme": str,
+    "seed": int,
+    "layer": int,
+    "uncompressed_start": int,
+    "sink_tokens": int,
+    "offset": int,
+}
+_ROTATING_META = {"max_size": int, "keep": int, "idx": int}
+_CODEC_META = {
+    "scheme": str,
+    "key_dim": int,
+    "value_dim": int,
+    "n_kv_heads": int,
+    "dtype": str,
+    "seed": int,
+    "layer": int,
+    "key_calibration": str,
+}
+
+
+class _Bad(Exception):
+    """What is wrong with one cache entry (the caller names the file and the entry)."""
+
+
+def read(file_name):
+    """(metadata, cache class names, per-entry state lists) as mlx-lm's loader decodes them."""
+    if not os.path.isfile(file_name):
+        raise PromptCacheFileError(f"Prompt-cache file {file_name} does not exist.")
+    try:
+        arrays, metadata = mx.load(str(file_name), return_metadata=True)
+    except (RuntimeError, ValueError, OSError) as error:
+        raise PromptCacheFileError(
+            f"Cannot read prompt-cache file {file_name}: it is not a complete safetensors file "
+            f"({error}). Make it again with mlx_lm.cache_prompt."
+        ) from None
+    try:
+        metadata, classes, scalars = tree_unflatten(list(metadata.items()))
+        for position, kind in scalars[1:]:  # mlx-lm stores non-array leaves as arrays
+            if kind == "string":
+                arrays[position] = "".join(chr(i) for i in arrays[position].tolist())
+            elif kind == "none":
+                arrays[position] = None
+            elif kind == "scalar":
+                arrays[position] = arrays[position].item()
+        states = tree_unflatten(list(arrays.items())) if arrays else []
+        if not isinstance(classes, list) or len(states) != len(classes):
+            raise ValueError("one state per cache class")
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} was not written by mlx-lm's save_prompt_cache ({error}); "
+            "make one with mlx_lm.cache_prompt."
+        ) from None
+    return metadata, classes, states
+
+
+def checksum(classes, states):
+    """CRC-32 of the TurboQuant entries' states (metadata and arrays, in order)."""
+    crc = 0
+    for name, state in zip(classes, states):
+        if name not in TURBO_CLASSES:
+            continue
+        for leaf in state:
+            if isinstance(leaf, mx.array):
+                crc = zlib.crc32(memoryview(mx.contiguous(leaf).view(mx.uint8)), crc)
+            elif isinstance(leaf, str):
+                crc = zlib.crc32(leaf.encode(), crc)
+    return f"{crc:08x}"
+
+
+def _meta(text, fields, what):
+    try:
+        meta = json.loads(text)
+    except (TypeError, ValueError):
+        raise _Bad(f"its {what} is not JSON") from None
+    if not isinstance(meta, dict):
+        raise _Bad(f"its {what} is not a JSON object")
+    for name, kind in fields.items():
+        value = meta.get(name)
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (kind is int and value < 0)
+        ):
+            expected = "a non-negative integer" if kind is int else "a string"
+            raise _Bad(f"its {what} has {name}={value!r}, expected {expected}")
+    return meta
+
+
+def _scheme(text, what):
+    try:
+        scheme = parse_scheme(text)
+    except ValueError:
+        scheme = None
+    if scheme is None:
+        raise _Bad(f"its {what} names no TurboQuant scheme ({text!r})")
+    return scheme
+
+
+def _array(a, name, shape, dtype=None, finite=False):
+    """Check an array against ``shape`` (None entries match anything)."""
+    if not isinstance(a, mx.array):
+        raise _Bad(f"{name} is missing")
+    if a.ndim != len(shape) or any(
+        s is not None and s != n for s, n in zip(shape, a.shape)
+    ):
+        wanted = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise _Bad(f"{name} has shape {tuple(a.shape)}, expected {wanted}")
+    if dtype is not None and a.dtype != dtype:
+        raise _Bad(f"{name} is {a.dtype}, expected {dtype}")
+    if finite and not mx.isfinite(a).all().item():
+        raise _Bad(f"{name} holds NaN or infinite values")
+
+
+def check_entry(class_name, state):
+    """Raise ``_Bad`` unless ``state`` is a consistent TurboQuant cache of ``class_name``."""
+    if not isinstance(state, list) or len(state) < 5:
+        raise _Bad(
+            "it does not hold the metadata, statistics and sink arrays of a TurboQuant cache"
+        )
+    meta_text, mean, scale, sink_keys, sink_values, *stored = state
+    rotating = class_name == "TurboQuantRotatingKVCache"
+    meta = _meta(
+        meta_text, {**_CACHE_META, **(_ROTATING_META if rotating else {})}, "metadata"
+    )
+    scheme = _scheme(meta["scheme"], "metadata")
+    if meta["codec"] is None:
+        if mean is not None or scale is not None or sink_keys is not None:
+            raise _Bad("it has key statistics or sink tokens but no codec")
+        _check_uncompressed(meta, stored, rotating)
+        return
+    codec = _meta(meta["codec"], _CODEC_META, "codec metadata")
+    if _scheme(codec["scheme"], "codec metadata") != scheme:
+        raise _Bad(
+            f"its codec's scheme {codec['scheme']} disagrees with its scheme {scheme.name}"
+        )
+    dtype = DTYPES.get(codec["dtype"])
+    if dtype is None:
+        raise _Bad(
+            f"its codec's dtype {codec['dtype']!r} is not one of {', '.join(DTYPES)}"
+        )
+    from ..codec.codebooks import supported_head_dims
+
+    for name in ("key_dim", "value_dim") if scheme.key_bits else ("value_dim",):
+        if codec[name] not in supported_head_dims():
+            raise _Bad(f"its codec's {name}={codec[name]} has no codebook")
+    if codec["n_kv_heads"] < 1:
+        raise _Bad("its codec has no KV heads")
+    tokens = _check_stored(scheme, codec, dtype, stored, meta["offset"])
+    _check_tokens(meta, tokens, rotating)
+    heads, key_dim, value_dim = (
+        codec["n_kv_heads"],
+        codec["key_dim"],
+        codec["value_dim"],
+    )
+    for a, name in ((mean, "key-mean"), (scale, "key-scale")):
+        if scheme.key_bits and a is not None:
+            _array(
+                a, f"the {name} array", (None, heads, key_dim), mx.float32, finite=True
+            )
+    if sink_keys is not None:
+        _array(
+            sink_keys,
+            "the sink-keys array",
+            (None, heads, None, key_dim),
+            dtype,
+            finite=True,
+        )
+        sinks = sink_keys.shape[2]
+        _array(
+            sink_values,
+            "the sink-values array",
+            (sink_keys.shape[0], heads, sinks, value_dim),
+            dtype,
+            finite=True,
+        )
+        if sinks > min(meta["sink_tokens"], meta["offset"]):
+            raise _Bad(
+                f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], meta['offset'])}"
+            )
+
+
+def _check_uncompressed(meta, stored, rotating):
+    """A cache still in its uncompressed start holds an mlx-lm cache's state: keys, values
+    (buffers with room to grow), offset, and for a ring its keep, size and index."""
+    if not stored:
+        if meta["offset"]:
+            raise _Bad(f"its offset is {meta['offset']} but it stores no tokens")
+        return
+    expected = 6 if rotating else 3
+    if len(stored) != expected:
+        raise _Bad(
+            f"its uncompressed start holds {len(stored)} entries, expected {expected}"
+        )
+    _array(
+        stored[0], "the uncompressed-keys array", (None, None, None, None), finite=True
+    )
+    _array(
+        stored[1],
+        "the uncompressed-values array",
+        (*stored[0].shape[:3], None),
+        finite=True,
+    )
+    if stored[2] != meta["offset"] or (
+        not rotating and stored[0].shape[2] < meta["offset"]
+    ):
+        raise _Bad(
+            f"its offset is {meta['offset']} but its uncompressed start holds {stored[2]} tokens "
+            f"in a buffer of {stored[0].shape[2]}"
+        )
+
+
+def _check_stored(scheme, codec, dtype, stored, offset):
+    """Check the compressed token arrays against the codec; how many tokens they hold."""
+    heads, key_dim, value_dim = (
+        codec["n_kv_heads"],
+        codec["key_dim"],
+        codec["value_dim"],
+    )
+    if scheme.key_bits:
+        layout = [
+            ("key-codes", packed_words(key_dim, scheme.key_bits), mx.uint32),
+            ("key-norms", 1, mx.float16),
+        ]
+    else:  # keys kept in the model's dtype
+        layout = [("keys", key_dim, dtype)]
+    layout += [
+        ("value-codes", packed_words(value_dim, scheme.value_bits), mx.uint32),
+        ("value-norms", 1, mx.float16),
+    ]
+    if not stored and offset == 0:
+        return 0
+    if len(stored) != len(layout):
+        raise _Bad(
+            f"it stores {len(stored)} token arrays, but {scheme.name} stores {len(layout)} "
+            f"({', '.join(name for name, _, _ in layout)})"
+        )
+    first = stored[0]
+    tokens = first.shape[2] if isinstance(first, mx.array) and first.ndim == 4 else 0
+    for a, (name, width, kind) in zip(stored, layout):
+        _array(
+            a,
+            f"the {name} array",
+            (first.shape[0] if tokens else None, heads, tokens, width),
+            kind,
+            finite=kind != mx.uint32,
+        )
+    return tokens
+
+
+def _check_tokens(meta, tokens, rotating):
+    """The stored token count against the offset (and a ring's size and index)."""
+    offset = meta["offset"]
+    if rotating:
+        size, keep, idx = meta["max_size"], meta["keep"], meta["idx"]
+        if size < 1 or keep > size or idx > tokens:
+            raise _Bad(
+                f"its ring metadata (max_size {size}, keep {keep}, idx {idx}) does not fit its "
+                f"{tokens} stored tokens"
+            )
+        # A ring holds every token until it is full, then at least a window's worth.
+        fits = tokens == offset if offset <= size else size <= tokens <= offset
+    else:
+        fits = tokens == offset
+    if not fits:
+        raise _Bad(f"its offset is {offset} but it stores {tokens} tokens")
+
+
+def check(file_name):
+    """Refuse a file whose TurboQuant entries disagree with their metadata or checksum."""
+    import mlx_lm.models.cache as mlx_cache  # where mlx-lm's loader looks cache classes up
+
+    metadata, classes, states = read(file_name)
+    unknown = sorted(
+        {
+            name
+            for name in classes
+            if not isinstance(getattr(mlx_cache, str(name), None), type)
+        }
+    )
+    if unknown:
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} holds caches of class {', '.join(map(str, unknown))}, which neither "
+            "mlx-lm nor mlx-lm-turbo provides (a newer version or another plugin may have written it)."
+        )
+    for i, (name, state) in enumerate(zip(classes, states)):
+        if name in TURBO_CLASSES:
+            try:
+                check_entry(name, state)
+            except _Bad as bad:
+                raise PromptCacheFileError(
+                    f"Prompt-cache file {file_name} is damaged: cache {i} ({name}): {bad}. "
+                    "Make it again with mlx_lm.cache_prompt."
+                ) from None
+    saved = metadata.get(CHECKSUM_KEY) if isinstance(metadata, dict) else None
+    if saved is not None and saved != checksum(classes, states):
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} is damaged: its TurboQuant caches do not match the checksum "
+            "saved with them. Make it again with mlx_lm.cache_prompt."
+        )
+
+
+def save_prompt_cache(original, file_name, cache, metadata=None, *args, **kwargs):
+    """mlx-lm's ``save_prompt_cache``, with a checksum of the TurboQuant entries in the metadata
+    (other arguments, such as ones a later mlx-lm adds, passed through)."""
+    classes = [type(c).__name__ for c in cache]
+    if any(name in TURBO_CLASSES for name in classes):
+        metadata = {
+            **(metadata or {}),
+            CHECKSUM_KEY: checksum(classes, [c.state for c in cache]),
+        }
+    return original(file_name, cache, metadata, *args, **kwargs)
+
+
+def describe(cache):
+    """'6 x KVCache' or '2 x turbo8, 4 x turbo4': what a loaded prompt cache holds."""
+    from collections import Counter
+
+    kinds = Counter(
+        c.scheme.name if hasattr(c, "codec") else type(c).__name__ for c in cache
+    )
+    return ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
+
+
+def note_scheme_mismatch(file_name, cache, requested):
+    """A loaded cache keeps the scheme it was saved with: say so when ``requested`` differs."""
+    from ..plugin.adapters import boundary_scheme
+
+    allowed = {requested.name, boundary_scheme(requested).name}
+    schemes = {
+        c.scheme.name if hasattr(c, "codec") else None
+        for c in cache
+        if hasattr(c, "codec") or hasattr(c, "keys")
+    }
+    if schemes and schemes <= allowed:
+        return
+    print(
+        f"[mlx-lm-turbo] {file_name} holds KV caches {describe(cache)}: a loaded prompt cache keeps "
+        f"what it was saved with, so --kv-scheme {requested.name} does not change it.",
+        file=sys.stderr,
+    )
+
+
+def load_prompt_cache(original, file_name, *args, **kwargs):
+    """mlx-lm's ``load_prompt_cache`` after the file is checked; mlx-lm's own failures on
+    a file name it too."""
+    from .. import settings
+    from ..cache.cache import register_cache_classes
+
+    register_cache_classes()
+    check(file_name)
+    try:
+        loaded = original(file_name, *args, **kwargs)
+    except UsageError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as error:
+        raise PromptCacheFileError(
+            f"Cannot load prompt-cache file {file_name}: {error}"
+        ) from None
+    if settings.active is not None:
+        note_scheme_mismatch(
+            file_name,
+            loaded[0] if isinstance(loaded, tuple) else loaded,
+            settings.active.scheme,
+        )
+    return loaded

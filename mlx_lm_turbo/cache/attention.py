@@ -1,0 +1,322 @@
+"""Attention over TurboQuant caches, in the rotated domain.
+
+The query is calibrated and rotated once, keys and values are dequantized
+straight into the rotated domain (codebook level times norm, no per-key inverse
+rotation), and the output is rotated back once. The compressed history is read
+in blocks of tokens merged by an online softmax (running maximum, running sum,
+running output), so a layer's transient memory is bounded by a block whatever
+the context: the whole history is never dequantized at once.
+
+Which keys are read exactly is ``TurboKV``'s rule (see its docstring): the
+sink tokens, and the exact tail within the query's window; every other key is
+read from the compressed store.
+"""
+
+import importlib
+import sys
+from typing import Optional, Union
+
+import mlx.core as mx
+
+from ..codec.codec import dequantize_rotated
+from ..compat import check_mlx_lm_version
+from ..kernels import fused_decode_attention
+from .view import TurboKV
+
+# Scores and softmax run in float32: exact enough for every model dtype, and on
+# CPU float32 matmuls are several times faster than float16 ones.
+_COMPUTE_DTYPE = mx.float32
+# Largest key block at decode, and the score elements (queries x keys, 8 MiB in
+# float32) a block may hold during prefill. Peak memory grows with the block (decode:
+# ~50 KiB a token at 8 KV heads of 128 dims; a 1K-query chunk: 640 MiB at 2^24 score
+# elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
+# --blocks; benchmarks/results/decode_attention_blockwise_cpu.md).
+DECODE_BLOCK_TOKENS = 512
+PREFILL_BLOCK_SCORES = 1 << 21
+_MIN_BLOCK_TOKENS = 16
+# Where a key is invisible. Finite, so a block whose keys are all invisible merges
+# as zero weight instead of NaN once any visible key follows.
+_INVISIBLE = -1e30
+
+
+def turbo_scaled_dot_product_attention(
+    queries: mx.array,
+    kv: TurboKV,
+    scale: float,
+    mask: Union[None, str, mx.array],
+    sinks: Optional[mx.array] = None,
+) -> mx.array:
+    fused = fused_decode_attention(queries, kv, scale, mask, sinks)
+    if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
+        return fused
+    return blockwise_attention(queries, kv, scale, mask, sinks)
+
+
+def block_tokens(n_rows, n_queries):
+    """Keys per block for ``n_rows`` (batch x query heads) of ``n_queries`` queries each."""
+    fit = PREFILL_BLOCK_SCORES // max(n_rows * n_queries, 1)
+    return max(_MIN_BLOCK_TOKENS, min(DECODE_BLOCK_TOKENS, fit))
+
+
+def _mask_block(mask, query_positions, key_start, key_end, n_kv_heads):
+    """The model's mask over keys [key_start, key_end) as (B|1, Hkv|1, G|1, L, t): bool
+    (True = visible), additive (float) or None."""
+    if mask is None:
+        return None
+    if isinstance(mask, str):  # "causal", lower-right aligned
+        keys = mx.arange(key_start, key_end)
+        return (query_positions[:, None] >= keys[None])[None, None, None]
+    block = mask[..., key_start:key_end] if mask.shape[-1] > 1 else mask
+    block = block.reshape((1,) * (4 - block.ndim) + block.shape)
+    rows, heads = block.shape[:2]
+    if heads == 1:
+        return block[:, :, None]
+    return block.reshape(rows, n_kv_heads, heads // n_kv_heads, *block.shape[2:])
+
+
+def _masked(scores, *masks):
+    for m in masks:
+        if m is None:
+            continue
+        if m.dtype == mx.bool_:
+            scores = mx.where(m, scores, _INVISIBLE)
+        else:
+            scores = scores + m.astype(scores.dtype)
+    return scores
+
+
+class _OnlineSoftmax:
+    """Running (max, sum, output) over key blocks, per query row (B, Hkv, G, L)."""
+
+    def __init__(self, queries, first_logit=None):
+        B, Hkv, G, L, D = queries.shape
+        self.queries = queries.reshape(B, Hkv, G * L, D)
+        self.shape = (B, Hkv, G, L)
+        if first_logit is None:  # nothing seen yet
+            self.max = mx.full((*self.shape, 1), _INVISIBLE, _COMPUTE_DTYPE)
+            self.sum = mx.zeros((*self.shape, 1), _COMPUTE_DTYPE)
+        else:  # a learned sink logit: weight 1 at its own maximum, a zero value
+            self.max, self.sum = first_logit, mx.ones(first_logit.shape, _COMPUTE_DTYPE)
+        self.output = None
+
+    def scores(self, keys):
+        """Scaled query-key scores against (B, Hkv, t, D) keys, as (B, Hkv, G, L, t)."""
+        s = self.queries @ keys.swapaxes(-1, -2)
+        return s.reshape(*self.shape, keys.shape[2])
+
+    def add(self, scores, values, exact=None, exact_values=None):
+        """Merge a block. Where the bool ``exact`` is True a score's weight goes to
+        ``exact_values`` instead of ``values``."""
+        new_max = mx.maximum(self.max, scores.max(axis=-1, keepdims=True))
+        weights = mx.exp(scores - new_max)
+        correction = mx.exp(self.max - new_max)
+        self.max, self.sum = (
+            new_max,
+            self.sum * correction + weights.sum(axis=-1, keepdims=True),
+        )
+        if exact is None:
+            out = self._weighted(weights, values)
+        else:
+            zero = mx.zeros((), weights.dtype)
+            out = self._weighted(
+                mx.where(exact, zero, weights), values
+            ) + self._weighted(mx.where(exact, weights, zero), exact_values)
+        self.output = out if self.output is None else self.output * correction + out
+
+    def _weighted(self, weights, values):
+        B, Hkv, G, L, t = weights.shape
+        return (weights.reshape(B, Hkv, G * L, t) @ values).reshape(B, Hkv, G, L, -1)
+
+    def settle(self):
+        """Evaluate the merge so far when a block's scores are large (a prefill chunk):
+        left lazy, MLX evaluates every block's scores before merging any, and a chunk's
+        memory grows with the context. At decode the blocks are small and this would
+        only add a sync per block."""
+        if self.shape[3] > 1:
+            mx.eval(self.max, self.sum, self.output)
+
+    def result(self):
+        return self.output / self.sum
+
+
+def _dequantize(codec, stored, start, end):
+    """Stored tokens [start, end) as (keys, values) in the rotated domain, compute dtype."""
+    *key_part, value_codes, value_norms = (a[:, :, start:end] for a in stored)
+    values = dequantize_rotated(
+        value_codes,
+        value_norms,
+        codec.scheme.value_bits,
+        codec.value_dim,
+        _COMPUTE_DTYPE,
+    )
+    if not codec.scheme.key_bits:
+        return key_part[0].astype(_COMPUTE_DTYPE), values
+    return dequantize_rotated(
+        *key_part, codec.scheme.key_bits, codec.key_dim, _COMPUTE_DTYPE
+    ), values
+
+
+def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
+    """Attention of (B, Hq, L, D) queries over ``kv`` in blocks of keys (see the module doc)."""
+    codec = kv.codec
+    B, Hq, L, _ = queries.shape
+    Hkv = codec.n_kv_heads
+    G = Hq // Hkv
+    T = kv.shape[2]
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    history_end = T - n_exact  # keys before this exist only compressed (or as sinks)
+    query_positions = mx.arange(T - L, T)
+
+    q = codec.prepare_queries(queries).astype(_COMPUTE_DTYPE) * scale
+    q = q.reshape(B, Hkv, G, L, -1)
+    first_logit = None
+    if sinks is not None:
+        first_logit = mx.broadcast_to(
+            sinks.astype(_COMPUTE_DTYPE).reshape(1, Hkv, G, 1, 1), (B, Hkv, G, L, 1)
+        )
+        # Centring keys lowered every score of a query by its shift; softmax alone
+        # ignores that, but not once a sink logit competes: lower the sink logit too.
+        shift = codec.score_shift(queries, scale)
+        if shift is not None:
+            first_logit = first_logit - shift.astype(_COMPUTE_DTYPE).reshape(
+                B, Hkv, G, L, 1
+            )
+    state = _OnlineSoftmax(q, first_logit)
+
+    # Sink tokens in the history: exact keys at their own positions, the compressed
+    # copies there masked out. Those in the exact tail are read from it.
+    sink_positions = None if kv.sinks is None else kv.sinks[2]
+    if sink_positions is not None and history_end > 0:
+        sink_keys, sink_values, _ = kv.sinks
+        positions = sink_positions[:, 0, :, 0]  # (B|1, S)
+        in_history = positions < history_end
+        visible = mx.broadcast_to(
+            in_history[:, None, None, None, :], (B, 1, 1, L, positions.shape[1])
+        )
+        if mask is not None:
+            visible = (
+                visible
+                & (query_positions[:, None] >= positions[:, None, :])[:, None, None]
+            )
+            if not isinstance(mask, str):
+                gathered = _mask_at(mask, positions, Hkv)
+                if gathered.dtype == mx.bool_:
+                    visible = visible & gathered
+                else:
+                    visible = mx.where(
+                        visible, gathered.astype(_COMPUTE_DTYPE), _INVISIBLE
+                    )
+        scores = state.scores(sink_keys.astype(_COMPUTE_DTYPE))
+        state.add(_masked(scores, visible), sink_values.astype(_COMPUTE_DTYPE))
+
+    def is_sink(start, end):
+        if sink_positions is None:
+            return None
+        keys = mx.arange(start, end)
+        return (sink_positions[:, 0, :, 0, None] == keys).any(axis=1)[
+            :, None, None, None, :
+        ]
+
+    step = block_tokens(B * Hq, L)
+    for start in range(0, history_end, step):
+        end = min(start + step, history_end)
+        keys, values = _dequantize(codec, kv.stored, start, end)
+        sink = is_sink(start, end)
+        scores = _masked(
+            state.scores(keys),
+            _mask_block(mask, query_positions, start, end, Hkv),
+            None if sink is None else ~sink,
+        )
+        state.add(scores, values)
+        state.settle()
+
+    # The exact tail: read exactly within each query's window, compressed beyond it.
+    window = kv.window
+    for start in range(history_end, T, step):
+        end = min(start + step, T)
+        exact_keys = kv.new_keys[:, :, start - history_end : end - history_end].astype(
+            _COMPUTE_DTYPE
+        )
+        exact_values = kv.new_values[
+            :, :, start - history_end : end - history_end
+        ].astype(_COMPUTE_DTYPE)
+        block_mask = _mask_block(mask, query_positions, start, end, Hkv)
+        scores = state.scores(exact_keys)
+        if (
+            window is None or start > T - 1 - window
+        ):  # every query reads this block exactly
+            state.add(_masked(scores, block_mask), exact_values)
+            state.settle()
+            continue
+        keys, values = _dequantize(codec, kv.stored, start, end)
+        keys_at = mx.arange(start, end)
+        exact = (keys_at[None] > query_positions[:, None] - window)[None, None, None]
+        sink = is_sink(start, end)
+        if sink is not None:
+            exact = exact | sink
+        scores = mx.where(exact, scores, state.scores(keys))
+        state.add(_masked(scores, block_mask), values, exact, exact_values)
+        state.settle()
+
+    return codec.restore_output(state.result().reshape(B, Hq, L, -1)).astype(
+        queries.dtype
+    )
+
+
+def _mask_at(mask, positions, n_kv_heads):
+    """The model's mask at per-row key positions (B|1, S), as (B, Hkv|1, G|1, L, S)."""
+    m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+    if m.shape[-1] == 1:
+        picked = m
+    else:
+        index = positions[:, None, None, :]
+        m = mx.broadcast_to(m, (max(m.shape[0], index.shape[0]), *m.shape[1:]))
+        picked = mx.take_along_axis(
+            m,
+            mx.broadcast_to(
+                index, (m.shape[0], m.shape[1], m.shape[2], index.shape[-1])
+            ),
+            axis=-1,
+        )
+    rows, heads = picked.shape[:2]
+    if heads == 1:
+        return picked[:, :, None]
+    return picked.reshape(rows, n_kv_heads, heads // n_kv_heads, *picked.shape[2:])
+
+
+# -- routing mlx-lm's attention here ------------------------------------------
+# mlx-lm's model modules bind ``scaled_dot_product_attention`` from
+# ``mlx_lm.models.base`` by name when they are imported, so the dispatch is set on
+# ``base`` (for modules imported later) and on every model module already loaded.
+# It only acts on ``TurboKV`` keys; everything else goes to the original.
+
+
+def _make_dispatch(original):
+    def scaled_dot_product_attention(
+        queries, keys, values, cache, scale, mask, sinks=None
+    ):
+        if isinstance(keys, TurboKV):
+            return turbo_scaled_dot_product_attention(queries, keys, scale, mask, sinks)
+        return original(
+            queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks
+        )
+
+    scaled_dot_product_attention.turbo_original = original
+    return scaled_dot_product_attention
+
+
+def install_attention_dispatch():
+    """Idempotently route attention over turbo caches to the rotated-domain path."""
+    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
+    base = importlib.import_module("mlx_lm.models.base")
+    original = base.scaled_dot_product_attention
+    if hasattr(original, "turbo_original"):
+        return
+    dispatch = _make_dispatch(original)
+    base.scaled_dot_product_attention = dispatch
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("mlx_lm.models.")
+            and getattr(module, "scaled_dot_product_attention", None) is original
+        ):
+            module.scaled_dot_product_attention = dispatch

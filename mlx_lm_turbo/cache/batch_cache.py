@@ -1,0 +1,664 @@
+"""Batch forms of the compressed caches, for mlx-lm's ``BatchGenerator`` (the server).
+
+They follow mlx-lm's ``BatchKVCache`` and ``BatchRotatingKVCache``: sequences are
+left-padded to a common length, ``offset`` is per sequence, and
+``prepare``/``finalize`` move the right padding of a batched prefill to the left.
+Every stored array keeps the token axis at 2, so padding, rolling and filtering
+act on the compressed data directly: nothing passes through fp16 when sequences
+join or leave a batch. Each sequence keeps its own key statistics (rows of the
+codec's ``key_mean``), measured on its own tokens, padding excluded.
+"""
+
+import os
+import sys
+
+import mlx.core as mx
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    BatchRotatingKVCache,
+    RotatingKVCache,
+    dynamic_roll,
+)
+
+from ..codec.codec import TurboCodec
+from .cache import (
+    TurboQuantKVCache,
+    TurboQuantRotatingKVCache,
+    _check_keys_values,
+    _install_attention_dispatch,
+    encode,
+)
+from .view import TurboKV
+
+
+def _rows(keep, old, new, neutral):
+    """Per row: the old statistic where ``keep``, else the new one. A missing
+    statistic is the neutral one (no scaling is a scale of ones)."""
+    if old is None and new is None:
+        return None
+    if old is None or (new is not None and old.shape != new.shape):
+        old = neutral(new)
+    if new is None:
+        new = neutral(old)
+    return mx.where(keep, old, new)
+
+
+def _host_indices(batch_indices):
+    return (
+        batch_indices.tolist()
+        if isinstance(batch_indices, mx.array)
+        else list(batch_indices)
+    )
+
+
+def _concat_statistic(codecs, rows, name, neutral):
+    present = [
+        getattr(c, name)
+        for c in codecs
+        if c is not None and getattr(c, name) is not None
+    ]
+    if not present:
+        return None
+    like = present[0][:1]
+    return mx.concatenate(
+        [
+            getattr(c, name)
+            if c is not None and getattr(c, name) is not None
+            else mx.broadcast_to(neutral(like), (n, *like.shape[1:]))
+            for c, n in zip(codecs, rows)
+        ]
+    )
+
+
+class _BatchStatistics:
+    """Per-sequence key statistics and the codec they live in, shared by both batch forms."""
+
+    def _init_statistics(self, scheme, rows, seed, layer, key_calibration):
+        self.scheme, self.seed, self.layer, self.key_calibration = (
+            scheme,
+            seed,
+            layer,
+            key_calibration,
+        )
+        self.codec = None
+        # Rows whose statistics exist, kept on the host: checked on every update,
+        # so it must not cost a device sync per decode step.
+        self.calibrated = [False] * rows
+        self._prompt_end = (
+            None  # (B,) where each row's real tokens end in a right-padded prefill
+        )
+
+    @staticmethod
+    def _joining(caches):
+        """Check the caches can share a batch; end any uncompressed start (it is per sequence)."""
+        first = caches[0]
+        for c in caches:
+            if c.scheme != first.scheme:
+                raise ValueError("Caches of different schemes cannot share a batch.")
+            c.compress_now()
+        if os.environ.get(
+            "MLX_LM_TURBO_LOG_BATCHES"
+        ):  # a diagnostic: one line per layer
+            print(
+                f"[mlx-lm-turbo] batching {len(caches)} sequences in layer {first.layer} "
+                f"(cached lengths {[c.offset for c in caches]})",
+                file=sys.stderr,
+                flush=True,
+            )
+        return first
+
+    def _adopt_statistics(self, caches, calibrated):
+        codecs = [c.codec for c in caches]
+        template = next((c for c in codecs if c is not None), None)
+        if template is None:
+            return
+        ones = [1] * len(caches)
+        self.codec = template.with_statistics(
+            _concat_statistic(codecs, ones, "key_mean", mx.zeros_like),
+            _concat_statistic(codecs, ones, "key_scale", mx.ones_like),
+        )
+        self.calibrated = calibrated
+
+    def _ensure_codec(self, keys, values):
+        if self.codec is None:
+            _install_attention_dispatch()
+            self.codec = TurboCodec.for_keys(
+                self.scheme,
+                keys,
+                values,
+                seed=self.seed,
+                layer=self.layer,
+                key_calibration=self.key_calibration,
+            )
+
+    def _set_row_statistics(self, rows, mean, scale):
+        """Rows where ``rows`` (host bools) take ``mean``/``scale`` (None: the neutral ones)."""
+        keep = mx.array([not r for r in rows])[:, None, None]
+        like = self.codec.key_mean if mean is None else mean
+        if like is None:
+            return
+        mean = mx.zeros_like(like) if mean is None else mean
+        scale = _rows(keep, self.codec.key_scale, scale, mx.ones_like)
+        self.codec = self.codec.with_statistics(
+            _rows(keep, self.codec.key_mean, mean, mx.zeros_like), scale
+        )
+
+    def _real_tokens(self, n):
+        """(B, n) bool: which of an incoming chunk's n tokens are real, not padding."""
+        position = self._tokens_seen() + mx.arange(n)
+        valid = position[None] >= self.left_padding[:, None]
+        if (
+            self._prompt_end is not None
+        ):  # a right-padded prefill, maybe fed in several chunks
+            valid = valid & (position[None] < self._prompt_end[:, None])
+        return valid
+
+    def _expect_prompt(self, lengths):
+        """A right-padded prefill of ``lengths`` real tokens per row starts now."""
+        self._prompt_end = (
+            None if lengths is None else mx.array(lengths) + self._tokens_seen()
+        )
+
+    def _filter_statistics(self, batch_indices):
+        if self.codec is not None and self.codec.key_mean is not None:
+            scale = self.codec.key_scale
+            self.codec = self.codec.with_statistics(
+                self.codec.key_mean[batch_indices],
+                None if scale is None else scale[batch_indices],
+            )
+        self.calibrated = [self.calibrated[i] for i in _host_indices(batch_indices)]
+
+    def _extend_statistics(self, other, my_rows):
+        codecs = [self.codec, other.codec]
+        template = next((c for c in codecs if c is not None), None)
+        if template is not None:
+            rows = [my_rows, len(other.calibrated)]
+            self.codec = template.with_statistics(
+                _concat_statistic(codecs, rows, "key_mean", mx.zeros_like),
+                _concat_statistic(codecs, rows, "key_scale", mx.ones_like),
+            )
+        self.calibrated = self.calibrated + other.calibrated
+
+    def _row_codec(self, idx):
+        scale, mean = self.codec.key_scale, self.codec.key_mean
+        if not self.calibrated[idx]:  # a row's neutral statistics are none yet
+            return self.codec.with_statistics(None, None)
+        return self.codec.with_statistics(
+            None if mean is None else mean[idx : idx + 1],
+            None if scale is None else scale[idx : idx + 1],
+        )
+
+
+class TurboQuantBatchKVCache(_BatchStatistics):
+    """The batch form of ``TurboQuantKVCache`` (mlx-lm's ``BatchKVCache``)."""
+
+    step = 256
+
+    def __init__(
+        self,
+        scheme,
+        left_padding,
+        *,
+        seed=0,
+        layer=0,
+        key_calibration=None,
+        sink_tokens=None,
+    ):
+        self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
+        self.stored = None
+        # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
+        # (B, H, sink_tokens, D) keys and values, of which each row has filled
+        # sink_counts[row] (on the host, like ``calibrated``).
+        self.sink_tokens = (
+            TurboQuantKVCache.sink_tokens if sink_tokens is None else sink_tokens
+        )
+        self.sinks = None
+        self.sink_counts = [0] * len(left_padding)
+        self.left_padding = mx.array(left_padding)
+        self.offset = mx.array([-p for p in left_padding])
+        self._idx = 0
+        self._right_padding = None
+
+    @classmethod
+    def merge(cls, caches):
+        first = cls._joining(caches)
+        lengths = [c.offset for c in caches]
+        max_length = max(lengths)
+        batch = cls(
+            first.scheme,
+            [max_length - n for n in lengths],
+            seed=first.seed,
+            layer=first.layer,
+            key_calibration=first.key_calibration,
+            sink_tokens=first.sink_tokens,
+        )
+        batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        batch.sink_counts = [c._sink_count() for c in caches]
+        batch._adopt_statistics(caches, batch._complete_sinks())
+        arrays = [c._stored_slice() for c in caches]
+        like = next((a for a in arrays if a is not None), None)
+        if like is None:
+            return batch
+        rows = []
+        for n, a in zip(lengths, arrays):
+            pad = TurboQuantKVCache._empty_like(like, max_length - n)
+            rows.append(
+                [mx.concatenate([p, x], axis=2) for p, x in zip(pad, a)]
+                if a is not None
+                else TurboQuantKVCache._empty_like(like, max_length)
+            )
+        batch.stored = tuple(mx.concatenate(parts) for parts in zip(*rows))
+        batch.offset = batch.offset + max_length
+        batch._idx = max_length
+        return batch
+
+    def update_and_fetch(self, keys, values):
+        _check_keys_values(keys, values)
+        self._ensure_codec(keys, values)
+        self._keep_sinks(keys, values)
+        self._calibrate_rows()
+        stored, exact_keys, exact_values = encode(self.codec, keys, values)
+        prev, n = self._idx, keys.shape[2]
+        if self.stored is None or prev + n > self.stored[0].shape[2]:
+            grown = TurboQuantKVCache._empty_like(
+                stored, (self.step + n - 1) // self.step * self.step
+            )
+            if self.stored is not None:
+                grown = [
+                    mx.concatenate([s[..., :prev, :], g], axis=2)
+                    for s, g in zip(self.stored, grown)
+                ]
+            self.stored = tuple(grown)
+        for s, a in zip(self.stored, stored):
+            s[..., prev : prev + n, :] = a
+        self.offset = self.offset + n
+        self._idx += n
+        # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
+        attended = tuple(a[..., : self._idx, :] for a in self.stored)
+        view = TurboKV(
+            self.codec,
+            attended,
+            exact_keys,
+            exact_values,
+            self._sink_view(),
+            TurboQuantKVCache.exact_window,
+        )
+        return view, view
+
+    # -- sink tokens and the statistics measured on them -------------------------
+    def _complete_sinks(self):
+        """Per row (host bools): are all its sink tokens there (its statistics measured)?"""
+        return [
+            bool(self.sink_tokens) and n >= self.sink_tokens for n in self.sink_counts
+        ]
+
+    def _calibrate_rows(self):
+        """Rows whose sink tokens are all there measure their key statistics on them
+        (see TurboQuantKVCache._calibrate)."""
+        rows = [
+            done and not c for done, c in zip(self._complete_sinks(), self.calibrated)
+        ]
+        if any(rows):
+            self._set_row_statistics(
+                rows, *self.codec.key_statistics(self.sinks[0], per_row=True)
+            )
+            self.calibrated = self._complete_sinks()
+
+    def _keep_sinks(self, exact_keys, exact_values):
+        """Fill each row's sink slots from this chunk's first real tokens."""
+        S = self.sink_tokens
+        if min(self.sink_counts, default=S) >= S:
+            return
+        counts = mx.array(self.sink_counts)
+        # Slot j of a row takes the (j - count + 1)-th real token of the chunk.
+        rank = mx.cumsum(
+            self._real_tokens(exact_keys.shape[2]).astype(mx.int32), axis=1
+        )
+        wanted = mx.arange(S)[None] - counts[:, None] + 1
+        reached = rank[:, None, :] >= wanted[:, :, None]  # (B, S, n)
+        fill = (wanted >= 1) & reached.any(axis=2)
+        source = mx.argmax(reached, axis=2)[:, None, :, None]
+        if self.sinks is None:
+            self.sinks = tuple(
+                mx.zeros((*a.shape[:2], S, a.shape[3]), a.dtype)
+                for a in (exact_keys, exact_values)
+            )
+        self.sinks = tuple(
+            mx.where(fill[:, None, :, None], mx.take_along_axis(a, source, axis=2), old)
+            for a, old in zip((exact_keys, exact_values), self.sinks)
+        )
+        # A device sync, but only while some row still lacks its sink tokens.
+        self.sink_counts = (counts + fill.sum(axis=1)).tolist()
+
+    def _sink_view(self):
+        """(keys, values, positions) for TurboKV, in the attention domain: slot j of a row
+        sits behind its left padding; unfilled slots point at the last position, which the
+        exact tail holds."""
+        if self.sinks is None:
+            return None
+        slots = mx.arange(self.sink_tokens)[None]
+        positions = mx.where(
+            slots < mx.array(self.sink_counts)[:, None],
+            self.left_padding[:, None] + slots,
+            self._idx - 1,
+        )
+        return (*TurboQuantKVCache._attention_sinks(self), positions[:, None, :, None])
+
+    def _joined_sinks(self, caches, rows):
+        """The caches' sink (keys, values) stacked into one batch, every row given all
+        ``sink_tokens`` slots (caches without sinks give zeros); None if none has any."""
+        like = next((c.sinks for c in caches if c.sinks is not None), None)
+        if like is None:
+            return None
+
+        def padded(sinks, like, n):
+            filled = 0 if sinks is None else sinks.shape[2]
+            zeros = mx.zeros(
+                (n, like.shape[1], self.sink_tokens - filled, like.shape[3]), like.dtype
+            )
+            return zeros if sinks is None else mx.concatenate([sinks, zeros], axis=2)
+
+        return tuple(
+            mx.concatenate(
+                [
+                    padded(None if c.sinks is None else c.sinks[i], like[i], n)
+                    for c, n in zip(caches, rows)
+                ]
+            )
+            for i in range(2)
+        )
+
+    make_mask = BatchKVCache.make_mask
+
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
+        if left_padding is not None:
+            if self.stored is not None:
+                raise ValueError(
+                    "Left padding can only be added to an empty batch cache."
+                )
+            left_padding = mx.array(left_padding)
+            self.left_padding = self.left_padding + left_padding
+            self.offset = self.offset - left_padding
+        if lengths is not None:
+            self._expect_prompt(lengths)
+        if right_padding is not None and max(right_padding) > 0:
+            self._right_padding = mx.array(right_padding)
+
+    def _tokens_seen(self):
+        return self._idx
+
+    def finalize(self):
+        self._prompt_end = None
+        if self._right_padding is not None:
+            padding = self._right_padding
+            self.stored = tuple(
+                dynamic_roll(a, padding[:, None], axis=2) for a in self.stored
+            )
+            self.offset = self.offset - padding
+            self.left_padding = self.left_padding + padding
+            self._right_padding = None
+
+    def filter(self, batch_indices):
+        if self.stored is not None:
+            self.stored = tuple(a[batch_indices] for a in self.stored)
+        if self.sinks is not None:
+            self.sinks = tuple(a[batch_indices] for a in self.sinks)
+        self._filter_statistics(batch_indices)
+        self.sink_counts = [self.sink_counts[i] for i in _host_indices(batch_indices)]
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+        shift = min(self.left_padding.tolist())
+        if shift > 0:
+            if self.stored is not None:
+                self.stored = tuple(a[..., shift:, :] for a in self.stored)
+            self._idx -= shift
+            self.left_padding = self.left_padding - shift
+
+    def extend(self, other):
+        idx = max(self._idx, other._idx)
+        like = self.stored or other.stored
+
+        def justified(c):
+            rows = c.offset.shape[0]
+            if like is None:
+                return None, c.left_padding
+            if c.stored is None:
+                arrays = [
+                    mx.zeros((rows, a.shape[1], 0, *a.shape[3:]), a.dtype) for a in like
+                ]
+            else:
+                arrays = [a[..., : c._idx, :] for a in c.stored]
+            if idx - c._idx:
+                arrays = [
+                    mx.concatenate([p, a], axis=2)
+                    for p, a in zip(
+                        TurboQuantKVCache._empty_like(arrays, idx - c._idx), arrays
+                    )
+                ]
+            return arrays, c.left_padding + (idx - c._idx)
+
+        mine, my_pad = justified(self)
+        theirs, their_pad = justified(other)
+        if mine is not None:
+            self.stored = tuple(mx.concatenate(pair) for pair in zip(mine, theirs))
+        self.sinks = self._joined_sinks(
+            (self, other), (self.offset.shape[0], other.offset.shape[0])
+        )
+        self.sink_counts = self.sink_counts + other.sink_counts
+        self._extend_statistics(other, self.offset.shape[0])
+        self.left_padding = mx.concatenate([my_pad, their_pad])
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._idx = idx
+
+    def extract(self, idx):
+        cache = TurboQuantKVCache(
+            self.scheme,
+            seed=self.seed,
+            layer=self.layer,
+            key_calibration=self.key_calibration,
+        )
+        cache.sink_tokens = self.sink_tokens
+        padding = self.left_padding.tolist()[idx]
+        if self.stored is not None:
+            cache.stored = tuple(
+                mx.contiguous(a[idx : idx + 1, :, padding : self._idx])
+                for a in self.stored
+            )
+            cache.codec = self._row_codec(idx)
+            cache.offset = self._idx - padding
+        if self.sink_counts[idx]:
+            cache.sinks = tuple(
+                mx.contiguous(a[idx : idx + 1, :, : self.sink_counts[idx]])
+                for a in self.sinks
+            )
+        return cache
+
+    def size(self):
+        return self._idx
+
+    def empty(self):
+        return self.stored is None
+
+    def is_trimmable(self):
+        return True
+
+    def trim(self, n):
+        n = min(self._idx, n)
+        self._idx -= n
+        self.offset = self.offset - n
+        if any(
+            self.sink_counts
+        ):  # rows left with fewer real tokens than sinks keep fewer
+            real = [max(self._idx - p, 0) for p in self.left_padding.tolist()]
+            self.sink_counts = [min(c, r) for c, r in zip(self.sink_counts, real)]
+            lost = [
+                c and not done
+                for c, done in zip(self.calibrated, self._complete_sinks())
+            ]
+            if any(lost):  # measured on sink tokens no longer all there
+                self._set_row_statistics(lost, None, None)
+                self.calibrated = self._complete_sinks()
+        return n
+
+    @property
+    def nbytes(self):
+        arrays = (
+            *(self.stored or ()),
+            *(self.sinks or ()),
+            *TurboQuantKVCache._converted_sink_arrays(self),
+        )
+        return sum(a.nbytes for a in arrays)
+
+    @property
+    def state(self):
+        return [
+            *(self.stored or ()),
+            *(self.sinks or ()),
+            self.offset,
+            self.left_padding,
+        ]
+
+
+# mlx-lm's rotating batch logic moves exactly two arrays (keys, values) of one
+# dtype pair; the compressed arrays travel through it packed into two: the key
+# side carries both fp16 norms in one extra uint32 word, and with fp16 keys the
+# value codes (and their norm word) are viewed as the key dtype.
+def _pack_pair(codec, stored):
+    if codec.scheme.key_bits:
+        key_codes, key_norms, value_codes, value_norms = stored
+        norms = mx.concatenate([key_norms, value_norms], axis=-1).view(mx.uint32)
+        return mx.concatenate([key_codes, norms], axis=-1), value_codes
+    keys, value_codes, value_norms = stored
+    norm_word = mx.concatenate([value_norms, mx.zeros_like(value_norms)], axis=-1).view(
+        mx.uint32
+    )
+    return keys, mx.concatenate([value_codes, norm_word], axis=-1).view(keys.dtype)
+
+
+def _unpack_pair(codec, keys, values):
+    if codec.scheme.key_bits:
+        norms = keys[..., -1:].view(mx.float16)
+        return keys[..., :-1], norms[..., :1], values, norms[..., 1:]
+    words = values.view(mx.uint32)
+    return keys, words[..., :-1], words[..., -1:].view(mx.float16)[..., :1]
+
+
+class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
+    """The batch form of ``TurboQuantRotatingKVCache`` (mlx-lm's ``BatchRotatingKVCache``)."""
+
+    def __init__(
+        self,
+        max_size,
+        left_padding,
+        *,
+        scheme=None,
+        seed=0,
+        layer=0,
+        key_calibration=None,
+    ):
+        BatchRotatingKVCache.__init__(self, max_size, left_padding)
+        self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
+
+    @property
+    def to_quantized(self):  # mlx-lm would swap a cache that has it for an affine one
+        raise AttributeError("to_quantized")
+
+    @classmethod
+    def merge(cls, caches):
+        first = cls._joining(caches)
+        # Kept tokens join the batch ring as ordinary ones, as in mlx-lm's batch form.
+        shims = []
+        for c in caches:
+            shim = RotatingKVCache(c.max_size, c.keep)
+            if c.stored is not None:
+                shim.keys, shim.values = _pack_pair(c.codec, c.stored)
+                shim.offset, shim._idx = c.offset, c._idx
+            shims.append(shim)
+        batch = BatchRotatingKVCache.merge.__func__(cls, shims)
+        batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
+        batch.key_calibration = first.key_calibration
+        batch._adopt_statistics(caches, [c.codec is not None for c in caches])
+        return batch
+
+    def update_and_fetch(self, keys, values):
+        _check_keys_values(keys, values)
+        self._ensure_codec(keys, values)
+        self._calibrate_on_chunk(keys)
+        stored, exact_keys, exact_values = encode(self.codec, keys, values)
+        ring = _unpack_pair(
+            self.codec,
+            *BatchRotatingKVCache.update_and_fetch(
+                self, *_pack_pair(self.codec, stored)
+            ),
+        )
+        window = TurboQuantRotatingKVCache.exact_window
+        if (
+            keys.shape[2] == 1
+        ):  # the whole ring in ring order, the new token (exact) at _idx - 1
+            at = mx.array([self._idx - 1])[None, None, :, None]
+            view = TurboKV(
+                self.codec, ring, sinks=(exact_keys, exact_values, at), window=window
+            )
+        else:  # history in temporal order, then the chunk
+            view = TurboKV(self.codec, ring, exact_keys, exact_values, window=window)
+        return view, view
+
+    def _calibrate_on_chunk(self, keys):
+        """Rows without statistics measure them on this chunk's real tokens (a sliding
+        window keeps no sink tokens to measure them on)."""
+        if self.codec.key_calibration == "none" or all(self.calibrated):
+            return
+        valid = self._real_tokens(keys.shape[2])
+        rows = [
+            has and not c for has, c in zip(valid.any(axis=1).tolist(), self.calibrated)
+        ]
+        if any(rows):
+            self._set_row_statistics(
+                rows, *self.codec.key_statistics(keys, valid, per_row=True)
+            )
+            self.calibrated = [a or b for a, b in zip(self.calibrated, rows)]
+
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
+        if lengths is not None:
+            self._expect_prompt(lengths)
+        BatchRotatingKVCache.prepare(
+            self,
+            left_padding=left_padding,
+            lengths=lengths,
+            right_padding=right_padding,
+        )
+
+    def _tokens_seen(self):
+        return self._offset
+
+    def finalize(self):
+        self._prompt_end = None
+        BatchRotatingKVCache.finalize(self)
+
+    def filter(self, batch_indices):
+        BatchRotatingKVCache.filter(self, batch_indices)
+        self._filter_statistics(batch_indices)
+
+    def extend(self, other):
+        rows = self.offset.shape[0]
+        BatchRotatingKVCache.extend(self, other)
+        self._extend_statistics(other, rows)
+
+    def extract(self, idx):
+        plain = BatchRotatingKVCache.extract(self, idx)
+        cache = TurboQuantRotatingKVCache(
+            self.scheme,
+            self.max_size,
+            0,
+            seed=self.seed,
+            layer=self.layer,
+            key_calibration=self.key_calibration,
+        )
+        if self.keys is not None:
+            cache.stored = tuple(
+                mx.contiguous(a)
+                for a in _unpack_pair(self.codec, plain.keys, plain.values)
+            )
+            cache.codec = self._row_codec(idx)
+            cache.offset, cache._idx = plain.offset, plain._idx
+        return cache

@@ -1,0 +1,593 @@
+"""Compressed KV caches that honour mlx-lm's cache contract.
+
+``TurboQuantKVCache`` replaces ``KVCache`` and ``TurboQuantRotatingKVCache``
+replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
+update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
+``TurboKV`` (the compressed history plus the chunk's exact keys and values)
+that ``attention.turbo_scaled_dot_product_attention`` consumes. So during a
+chunked prefill the cache never holds more than one chunk in fp16.
+
+Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
+its affine quantized attention and replace a cache that has the second.
+"""
+
+import json
+from functools import lru_cache
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
+
+from ..codec.codec import TurboCodec
+from ..codec.schemes import parse_scheme
+from ..compat import check_mlx_lm_version
+from ..errors import CacheFormatError
+from ..kernels.encode import fused_encode
+from .view import TurboKV
+
+# The layout of a saved cache's state and the rules it was made under, written into its
+# metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
+# as the model gave them, key statistics measured on them, each query reading only itself
+# and the sink tokens exactly, rotation signs named in the codec's metadata. Change the
+# layout or the rules, bump this, and say in check_format what older ones become.
+FORMAT_VERSION = 1
+_SAVED_KEYS = (
+    "scheme",
+    "seed",
+    "layer",
+    "uncompressed_start",
+    "key_calibration",
+    "sink_tokens",
+    "offset",
+    "codec",
+)
+
+
+def check_format(meta: dict) -> int:
+    """The format version of a saved cache's metadata, or CacheFormatError saying why
+    this version cannot continue it exactly."""
+    version = meta.get("format", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CacheFormatError(
+            f"This prompt cache was saved in format {version!r} by a newer mlx-lm-turbo; this one reads "
+            f"formats up to {FORMAT_VERSION}. Upgrade mlx-lm-turbo or re-create the cache."
+        )
+    missing = [k for k in _SAVED_KEYS if k not in meta]
+    if missing:
+        raise CacheFormatError(
+            f"This prompt cache lacks {', '.join(missing)} (saved before mlx-lm-turbo 0.1.0?); "
+            "re-create it with this version."
+        )
+    if version == 0:
+        raise CacheFormatError(
+            "This prompt cache was saved by mlx-lm-turbo 0.1.0, which compressed under other rules "
+            "(4 sink tokens, key statistics from the first chunk, each chunk reading itself exactly, "
+            "rotation signs from NumPy's generator): this version cannot continue it as 0.1.0 did. "
+            "Re-create it with this version (mlx_lm.cache_prompt)."
+        )
+    return version
+
+
+@lru_cache(maxsize=None)
+def _leading_positions(n):
+    """Positions of a sequence's first n tokens, (1, 1, n, 1): made once, not per step
+    (and evaluated at once, so no thread's stream is tied to it)."""
+    positions = mx.arange(n)[None, None, :, None]
+    mx.eval(positions)
+    return positions
+
+
+def _install_attention_dispatch():
+    # Whatever built this cache (make_prompt_cache, a loaded file, user code),
+    # mlx-lm's attention must route TurboKV to the turbo path before it is used.
+    from .attention import install_attention_dispatch
+
+    install_attention_dispatch()
+
+
+def encode(codec, keys, values):
+    """``codec.encode(keys, values)``, by the fused kernel where it runs (one launch
+    instead of some twenty small ops, each costing tens of microseconds on a GPU)."""
+    fused = fused_encode(codec, keys, values)
+    return fused if fused is not None else codec.encode(keys, values)
+
+
+def _check_keys_values(keys, values):
+    if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
+        raise TypeError("TurboQuant caches take mx.array keys and values.")
+    if keys.ndim != 4 or values.ndim != 4 or keys.shape[:3] != values.shape[:3]:
+        raise ValueError(
+            "TurboQuant caches take keys and values shaped (batch, kv_heads, tokens, head_dim) "
+            f"with matching leading dims; got {keys.shape} and {values.shape}."
+        )
+
+
+class _TurboCache:
+    """What both cache layouts share: the codec, the fp16 start, sink tokens, state, sizes."""
+
+    step = 256
+    # Every later query attends to a sequence's first tokens (attention sinks), so
+    # their quantization error reaches every step: this many are kept exact, and the
+    # key statistics are measured on them (see _calibrate), so they never depend on
+    # how the prompt was chunked or on what a prompt cache reused.
+    sink_tokens = 16
+    # Each query reads its own key exactly; every other key but the sink tokens is
+    # read compressed, whatever the chunking (TurboKV.window).
+    exact_window = 1
+
+    def __init__(
+        self, scheme, *, seed=0, layer=0, uncompressed_start=0, key_calibration=None
+    ):
+        self.scheme = parse_scheme(scheme)
+        if self.scheme is None:
+            raise ValueError(
+                "A TurboQuant cache needs a scheme such as 'turbo4', not 'none'."
+            )
+        if uncompressed_start < 0:
+            raise ValueError(
+                f"uncompressed_start must be >= 0, got {uncompressed_start}."
+            )
+        self.seed, self.layer = seed, layer
+        self.uncompressed_start = uncompressed_start
+        self.key_calibration = key_calibration
+        self.offset = 0
+        self.codec = None  # built when compression starts
+        self.stored = None  # compressed arrays, token axis 2
+        self.uncompressed = (
+            None  # mlx-lm cache holding the tokens before compression starts
+        )
+        self.sinks = (
+            None  # exact (keys, values) of the first tokens, as the model gave them
+        )
+
+    # -- the uncompressed start and the switch to compression ---------------
+    def _make_uncompressed(self):
+        raise NotImplementedError
+
+    def _uncompressed_history(self):
+        """The uncompressed cache's keys and values in temporal order."""
+        raise NotImplementedError
+
+    def _compressing(self, keys, values):
+        """Route an update: True when it goes to the compressed store."""
+        _check_keys_values(keys, values)
+        if self.codec is not None:
+            if (
+                keys.shape[1] != self.codec.n_kv_heads
+                or keys.shape[3] != self.codec.key_dim
+                or values.shape[3] != self.codec.value_dim
+            ):
+                raise ValueError(
+                    f"Keys {keys.shape} / values {values.shape} do not match this cache's "
+                    f"{self.codec.n_kv_heads} heads of dims {self.codec.key_dim}/{self.codec.value_dim}."
+                )
+            return True
+        if self.offset + keys.shape[2] < self.uncompressed_start:
+            if self.uncompressed is None:
+                self.uncompressed = self._make_uncompressed()
+            return False
+        self._start_compression(keys, values)
+        return True
+
+    def _start_compression(self, incoming_keys=None, incoming_values=None):
+        """Build the codec and compress the uncompressed history."""
+        history = (
+            self._uncompressed_history() if self.uncompressed is not None else None
+        )
+        keys = incoming_keys if incoming_keys is not None else history[0]
+        values = incoming_values if incoming_values is not None else history[1]
+        _install_attention_dispatch()
+        self.codec = TurboCodec.for_keys(
+            self.scheme,
+            keys,
+            values,
+            seed=self.seed,
+            layer=self.layer,
+            key_calibration=self.key_calibration,
+        )
+        self._calibrate_on_first_chunk(
+            [
+                a
+                for a in (history[0] if history else None, incoming_keys)
+                if a is not None
+            ]
+        )
+        self.uncompressed = None
+        if history is not None:
+            self._store_history(self._encode(*history)[0])
+
+    def _calibrate_on_first_chunk(self, keys):
+        pass
+
+    def _calibrate(self):
+        """Measure the key statistics on the sink tokens once all are there. A copy of the
+        codec: deep-copied caches (a prompt cache's entries) share it."""
+        if (
+            self.sink_tokens
+            and self.codec.key_mean is None
+            and self.codec.key_scale is None
+            and self._sink_count() == self.sink_tokens
+        ):
+            self.codec = self.codec.with_statistics(
+                *self.codec.key_statistics(self.sinks[0])
+            )
+
+    def _encode(self, keys, values):
+        """Keep the sink tokens among these, calibrate once they are all there, compress."""
+        self._keep_sinks(keys, values)
+        self._calibrate()
+        return encode(self.codec, keys, values)
+
+    def _sink_count(self):
+        return 0 if self.sinks is None else self.sinks[0].shape[2]
+
+    def _keep_sinks(self, keys, values):
+        """Keep the K/V of a chunk's tokens that are among the first ``sink_tokens``."""
+        take = min(self.sink_tokens - self._sink_count(), keys.shape[2])
+        if take <= 0:
+            return
+        # Copies: a slice would keep the whole chunk's K/V alive with it.
+        new = (mx.contiguous(keys[:, :, :take]), mx.contiguous(values[:, :, :take]))
+        self.sinks = (
+            new
+            if self.sinks is None
+            else tuple(mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
+        )
+
+    def _converted_sink_arrays(self):
+        cached = getattr(self, "_converted_sinks", None)
+        return [] if cached is None else list(cached[1])
+
+    def _attention_sinks(self):
+        """The sink tokens in the attention domain, converted once per codec and sink set."""
+        key = (self.codec, self.sinks)
+        cached = getattr(self, "_converted_sinks", None)
+        if cached is None or cached[0][0] is not key[0] or cached[0][1] is not key[1]:
+            self._converted_sinks = (key, self.codec.exact(*self.sinks))
+        return self._converted_sinks[1]
+
+    def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
+        """The TurboKV over ``stored``; ``exact_at`` (ring index) places a lone exact token
+        that is not last (a sliding window's ring), given as a sink."""
+        sinks = None
+        if self.sinks is not None:  # one sequence: its first tokens lead the cache
+            sinks = (*self._attention_sinks(), _leading_positions(self._sink_count()))
+        elif exact_at is not None:
+            sinks = (
+                exact_keys,
+                exact_values,
+                mx.array([exact_at])[None, None, :, None],
+            )
+            exact_keys = exact_values = None
+        return TurboKV(
+            self.codec, stored, exact_keys, exact_values, sinks, self.exact_window
+        )
+
+    def compress_now(self):
+        """End the uncompressed start early (a sequence joining a batch is compressed)."""
+        if self.uncompressed is not None:
+            self._start_compression()
+
+    # -- mlx-lm's cache contract ---------------------------------------------
+    def empty(self):
+        return self.stored is None and self.uncompressed is None
+
+    def size(self):
+        return self.offset
+
+    def is_trimmable(self):
+        return True
+
+    # A pipeline stage ties its send into the graph through its last cache:
+    # ``cache[-1].keys = mx.depends(cache[-1].keys, h)`` (mlx-lm's pipelined models).
+    @property
+    def keys(self):
+        if self.stored is None and self.uncompressed is None:
+            raise AttributeError("an empty TurboQuant cache holds no keys")
+        return self.stored[0] if self.stored is not None else self.uncompressed.keys
+
+    @keys.setter
+    def keys(self, value):
+        if self.stored is not None:
+            self.stored = (value, *self.stored[1:])
+        else:
+            self.uncompressed.keys = value
+
+    def trim(self, n):
+        if self.uncompressed is not None:
+            n = self.uncompressed.trim(n)
+            self.offset = self.uncompressed.offset
+            return n
+        n = min(self.offset, n)
+        self.offset -= n
+        if self._sink_count() > self.offset:
+            self.sinks = (
+                tuple(a[:, :, : self.offset] for a in self.sinks)
+                if self.offset
+                else None
+            )
+            if (
+                self.codec is not None and self.sink_tokens
+            ):  # measured on sinks no longer all there
+                self.codec = self.codec.with_statistics(None, None)
+        return n
+
+    @property
+    def nbytes(self):
+        arrays = (
+            list(self.stored or ())
+            + list(self.sinks or ())
+            + self._converted_sink_arrays()
+        )
+        if self.codec is not None:
+            arrays += [
+                a for a in (self.codec.key_mean, self.codec.key_scale) if a is not None
+            ]
+        total = sum(a.nbytes for a in arrays)
+        return total + (
+            self.uncompressed.nbytes if self.uncompressed is not None else 0
+        )
+
+    def _extra_meta(self):
+        return {}
+
+    @property
+    def meta_state(self):
+        meta = {
+            "format": FORMAT_VERSION,
+            "scheme": self.scheme.name,
+            "seed": self.seed,
+            "layer": self.layer,
+            "uncompressed_start": self.uncompressed_start,
+            "key_calibration": self.key_calibration,
+            "sink_tokens": self.sink_tokens,
+            "offset": self.offset,
+            "codec": self.codec.meta() if self.codec else None,
+            **self._extra_meta(),
+        }
+        return (json.dumps(meta),)
+
+    @meta_state.setter
+    def meta_state(self, v):
+        meta = json.loads(v[0])
+        check_format(meta)
+        self.scheme = parse_scheme(meta["scheme"])
+        self.seed, self.layer = meta["seed"], meta["layer"]
+        self.uncompressed_start = meta["uncompressed_start"]
+        self.key_calibration = meta["key_calibration"]
+        self.sink_tokens, self.offset = meta["sink_tokens"], meta["offset"]
+        self._set_extra_meta(meta)
+        self._codec_meta = meta["codec"]
+
+    def _set_extra_meta(self, meta):
+        pass
+
+    def _update_compressed(self, stored, exact_keys, exact_values) -> TurboKV:
+        raise NotImplementedError
+
+    def update_and_fetch(self, keys, values):
+        if not self._compressing(keys, values):
+            out = self.uncompressed.update_and_fetch(keys, values)
+            self.offset = self.uncompressed.offset
+            return out
+        view = self._update_compressed(*self._encode(keys, values))
+        return view, view
+
+    def _stored_slice(self):
+        """The stored arrays without unused capacity."""
+        if self.stored is None or self.offset >= self.stored[0].shape[2]:
+            return self.stored
+        return tuple(a[..., : self.offset, :] for a in self.stored)
+
+    @staticmethod
+    def _empty_like(arrays, tokens):
+        """Zeroed arrays shaped like ``arrays`` but with ``tokens`` on the token axis."""
+        return [mx.zeros((*a.shape[:2], tokens, *a.shape[3:]), a.dtype) for a in arrays]
+
+    @property
+    def state(self):
+        """[meta json, key mean, key scale, sink keys, sink values, *arrays]: flat, so a
+        saved file round-trips."""
+        if self.codec is not None:
+            arrays = list(self._stored_slice() or ())
+            mean, scale = self.codec.key_mean, self.codec.key_scale
+        elif self.uncompressed is not None:
+            arrays, mean, scale = list(self.uncompressed.state), None, None
+        else:
+            arrays, mean, scale = [], None, None
+        sink_keys, sink_values = self.sinks or (None, None)
+        return [self.meta_state[0], mean, scale, sink_keys, sink_values, *arrays]
+
+    @state.setter
+    def state(self, v):
+        meta, mean, scale, sink_keys, sink_values, *arrays = v
+        self.meta_state = (meta,)
+        self.codec, self.stored, self.uncompressed = None, None, None
+        self.sinks = None if sink_keys is None else (sink_keys, sink_values)
+        if self._codec_meta is not None:  # compressed
+            _install_attention_dispatch()
+            self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
+            self.stored = tuple(arrays) if arrays else None
+        elif arrays:
+            self.uncompressed = type(self._make_uncompressed()).from_state(arrays)
+        del self._codec_meta
+
+    @classmethod
+    def from_state(cls, state):
+        cache = cls.__new__(cls)
+        cache.state = state
+        return cache
+
+
+class TurboQuantKVCache(_TurboCache):
+    """Compressed replacement for mlx-lm's ``KVCache``."""
+
+    def _make_uncompressed(self):
+        return KVCache()
+
+    def _uncompressed_history(self):
+        return self.uncompressed.keys_and_values()
+
+    def _store_history(self, new):
+        self.offset = 0
+        self._store(new)
+
+    def _store(self, new):
+        """Append compressed arrays at ``offset``, growing capacity in steps."""
+        prev, n = self.offset, new[0].shape[2]
+        capacity = self.stored[0].shape[2] if self.stored is not None else 0
+        if prev + n > capacity:
+            n_steps = (self.step + n - 1) // self.step
+            grown = self._empty_like(new, n_steps * self.step)
+            if self.stored is not None:
+                grown = [
+                    mx.concatenate([s[..., :prev, :], g], axis=2)
+                    for s, g in zip(self.stored, grown)
+                ]
+            self.stored = tuple(grown)
+        for s, a in zip(self.stored, new):
+            s[..., prev : prev + n, :] = a
+        self.offset += n
+
+    def _update_compressed(self, stored, exact_keys, exact_values):
+        self._store(stored)
+        # Sliced after storing: a slice taken before would pin the old buffer, so the
+        # store could not write in place and would copy the whole layer's cache.
+        return self._view(self._stored_slice(), exact_keys, exact_values)
+
+    def make_mask(self, *args, **kwargs):
+        return create_attention_mask(*args, offset=self.offset, **kwargs)
+
+    @classmethod
+    def merge(cls, caches):
+        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
+        from .batch_cache import TurboQuantBatchKVCache
+
+        return TurboQuantBatchKVCache.merge(caches)
+
+
+class TurboQuantRotatingKVCache(_TurboCache):
+    """Compressed replacement for mlx-lm's ``RotatingKVCache`` (sliding windows).
+
+    Same ring-buffer semantics (``max_size``, ``keep``, temporal order on
+    multi-token updates, in-place rotation on single tokens), applied to the
+    compressed arrays; the array-generic helpers are mlx-lm's own.
+    """
+
+    sink_tokens = 0  # a window's first tokens leave it
+
+    def __init__(self, scheme, max_size, keep=0, **kwargs):
+        super().__init__(scheme, **kwargs)
+        self.max_size, self.keep = max_size, keep
+        self._idx = 0
+
+    def _calibrate_on_first_chunk(self, keys):
+        # Without sink tokens the statistics come from the first chunk compressed.
+        self.codec.calibrate(mx.concatenate(keys, axis=2) if len(keys) > 1 else keys[0])
+
+    _temporal_order = RotatingKVCache._temporal_order
+    _trim = RotatingKVCache._trim
+
+    def _make_uncompressed(self):
+        return RotatingKVCache(self.max_size, self.keep)
+
+    def _uncompressed_history(self):
+        u = self.uncompressed
+        return u._temporal_order(u.keys), u._temporal_order(u.values)
+
+    def _store_history(self, new):
+        # The uncompressed ring's contents, in temporal order; offset is unchanged.
+        self.stored, self._idx = tuple(new), new[0].shape[2]
+
+    def _update_concat(self, new):
+        """Append a multi-token chunk; the stored arrays to attend to."""
+        if self.stored is None:
+            self.stored = tuple(new)
+        else:
+            ordered = [self._temporal_order(a) for a in self.stored]
+            self._idx = ordered[0].shape[2]
+            # Keep max_size - 1 old tokens so every new token sees a full window.
+            trim_size = self._idx - self.max_size + 1
+            history = tuple(self._trim(trim_size, a) for a in ordered)
+            self.stored = tuple(
+                mx.concatenate([h, a], axis=2) for h, a in zip(history, new)
+            )
+        self.offset += new[0].shape[2]
+        self._idx = self.stored[0].shape[2]
+        return self.stored
+
+    def _update_in_place(self, new):
+        n, prev = new[0].shape[2], self.offset
+        capacity = self.stored[0].shape[2] if self.stored is not None else 0
+        if self.stored is None or (prev >= capacity and capacity < self.max_size):
+            grown = self._empty_like(new, min(self.step, self.max_size - prev))
+            if self.stored is not None:
+                grown = [
+                    mx.concatenate([s, g], axis=2) for s, g in zip(self.stored, grown)
+                ]
+            self.stored, self._idx = tuple(grown), prev
+        trim_size = self.stored[0].shape[2] - self.max_size
+        if trim_size > 0:
+            self.stored = tuple(self._trim(trim_size, a) for a in self.stored)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self._idx = self.keep
+        for s, a in zip(self.stored, new):
+            s[..., self._idx : self._idx + n, :] = a
+        self.offset += n
+        self._idx += n
+        return self._stored_slice()
+
+    def _update_compressed(self, stored, exact_keys, exact_values):
+        if exact_keys.shape[2] == 1:
+            # Like RotatingKVCache: the whole ring in ring order, new token included.
+            ring = self._update_in_place(stored)
+            return self._view(ring, exact_keys, exact_values, exact_at=self._idx - 1)
+        return self._view(self._update_concat(stored), exact_keys, exact_values)
+
+    def size(self):
+        return min(self.offset, self.max_size)
+
+    def is_trimmable(self):
+        return self.offset < self.max_size
+
+    def trim(self, n):
+        trimmed = super().trim(n)
+        if self.uncompressed is None:
+            self._idx -= trimmed
+        return trimmed
+
+    @classmethod
+    def merge(cls, caches):
+        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
+        from .batch_cache import TurboQuantBatchRotatingKVCache
+
+        return TurboQuantBatchRotatingKVCache.merge(caches)
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        source = self.uncompressed if self.uncompressed is not None else self
+        return RotatingKVCache.make_mask(
+            source, N, window_size=window_size, return_array=return_array
+        )
+
+    def _extra_meta(self):
+        return {"max_size": self.max_size, "keep": self.keep, "idx": self._idx}
+
+    def _set_extra_meta(self, meta):
+        self.max_size, self.keep, self._idx = (
+            meta["max_size"],
+            meta["keep"],
+            meta["idx"],
+        )
+
+
+CACHE_CLASSES = (TurboQuantKVCache, TurboQuantRotatingKVCache)
+
+
+def register_cache_classes():
+    """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name in
+    mlx-lm's cache module."""
+    import mlx_lm.models.cache as mlx_cache
+
+    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
+    for cls in CACHE_CLASSES:
+        setattr(mlx_cache, cls.__name__, cls)

@@ -1,0 +1,35 @@
+"""``TurboKV``: what a turbo cache's ``update_and_fetch`` hands to attention."""
+
+
+class TurboKV:
+    """Keys and values as a turbo cache hands them to attention.
+
+    ``stored`` holds the compressed arrays of every token attended to;
+    ``new_keys``/``new_values`` hold the last ``n_exact`` tokens exactly (or
+    None), already in the rotated, calibrated domain; ``sinks`` (keys, values,
+    positions) tokens held exactly elsewhere on the token axis, and where they
+    sit, (B or 1, 1, S, 1): the sequences' first tokens (a batch row's unfilled
+    slot points at the last token, which the exact tail holds), or in a sliding
+    window's ring at decode its newest token.
+
+    Which keys a query reads exactly: query i of L sits at position
+    p_i = T - L + i; key t is read exact if it is a sink, or if
+    t >= T - n_exact and t > p_i - window (window None = no limit: the whole
+    exact tail); otherwise from the compressed store.
+    Models pass it through to ``scaled_dot_product_attention`` untouched.
+    """
+
+    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks", "window")
+
+    def __init__(
+        self, codec, stored, new_keys=None, new_values=None, sinks=None, window=None
+    ):
+        self.codec, self.stored = codec, stored
+        self.new_keys, self.new_values = new_keys, new_values
+        self.sinks, self.window = sinks, window
+
+    @property
+    def shape(self):
+        """Shape of the keys this stands for, (B, H, T, key_dim)."""
+        tokens = self.stored[0] if self.stored is not None else self.new_keys
+        return (*tokens.shape[:3], self.codec.key_dim)

@@ -1,0 +1,312 @@
+"""TurboQuant codec for one attention layer's keys and values.
+
+Each vector (one head, one token) is stored as an fp16 corrected norm and the
+packed indices of its rotated unit vector in a Lloyd-Max codebook. The corrected
+norm is ``|x| / |codebook[idx]|``, so a reconstruction has the original norm.
+
+Keys are first calibrated per head and channel (see ``KEY_CALIBRATIONS``), with
+the inverse scaling folded into the query so attention scores are unchanged in
+exact arithmetic. Everything downstream of ``encode`` works in the rotated
+domain: the query is rotated once, keys and values are dequantized there, and
+the attention output is rotated back once.
+"""
+
+import copy
+import json
+from functools import lru_cache
+
+import mlx.core as mx
+
+from .codebooks import boundaries, check_head_dim, codebook
+from .packing import (
+    pack,
+    packed_words,
+    three_bit_groups,
+    unpack,
+    unpack_three_bit_groups,
+)
+from .rotation import SIGNS, rotation
+from .schemes import KVScheme, parse_scheme
+
+# none:          keys as they are.
+# center:        subtract the per-channel mean; softmax ignores the resulting
+#                per-query score shift (added back when there are attention sinks).
+# center+scale:  also divide each channel by its spread (normalised to unit
+#                mean square over channels) and multiply the query by it.
+KEY_CALIBRATIONS = ("none", "center", "center+scale")
+# Calibrating on fewer tokens than this leaves channel spreads too noisy to scale by.
+MIN_SCALE_TOKENS = 16
+SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+_FP16_MAX = 65504.0
+
+
+# Measured on SmolLM2-135M at 4K context (benchmarks/key_calibration.py, README):
+# centring beat both no calibration and centring plus scaling at every key width.
+DEFAULT_KEY_CALIBRATION = "center"
+
+
+def quantize_rotated(y: mx.array, bits: int):
+    """Rotated vectors (..., d) -> (packed indices, fp16 corrected norms (..., 1))."""
+    head_dim = y.shape[-1]
+    norm = mx.linalg.norm(y, axis=-1, keepdims=True)
+    unit = y / mx.maximum(norm, 1e-30)
+    indices = mx.searchsorted(boundaries(head_dim, bits), unit)
+    recon_norm = mx.linalg.norm(
+        codebook(head_dim, bits)[indices], axis=-1, keepdims=True
+    )
+    corrected = mx.minimum(norm / mx.maximum(recon_norm, 1e-30), _FP16_MAX)
+    return pack(indices, bits), corrected.astype(mx.float16)
+
+
+@lru_cache(maxsize=None)
+def _dequantizer(bits: int, head_dim: int, dtype):
+    # Straight into the model dtype, so no float32 copy of the cache is made.
+    levels = codebook(head_dim, bits).astype(dtype)
+
+    def dequantize(codes, norms):
+        return levels[unpack(codes, bits, head_dim)] * norms.astype(dtype)
+
+    if 32 % bits == 0 and head_dim * bits % 32 == 0:
+        # Word-aligned widths unpack with broadcast shifts alone: compiled once for
+        # every cache length, the shifts, masks and scaling fuse.
+        return mx.compile(dequantize, shapeless=True)
+    if bits == 3 and head_dim % 32 == 0:
+        # Slicing cannot be compiled shapeless, so the words are split into each
+        # group's three outside, and the shifts and scaling inside, fused.
+        def dequantize_groups(w0, w1, w2, norms):
+            return levels[unpack_three_bit_groups(w0, w1, w2)] * norms.astype(dtype)
+
+        compiled = mx.compile(dequantize_groups, shapeless=True)
+        return lambda codes, norms: compiled(*three_bit_groups(codes, head_dim), norms)
+    # Gathers (3 bits at head dims 80 and 112) gave wrong results under shapeless compile.
+    return dequantize
+
+
+def dequantize_rotated(
+    codes: mx.array, norms: mx.array, bits: int, head_dim: int, dtype
+):
+    """Inverse of ``quantize_rotated``, still in the rotated domain, in ``dtype``."""
+    return _dequantizer(bits, head_dim, dtype)(codes, norms)
+
+
+class TurboCodec:
+    """Rotation, key calibration and codebooks of one layer; stateless once built."""
+
+    def __init__(
+        self,
+        scheme: KVScheme,
+        *,
+        key_dim,
+        value_dim,
+        n_kv_heads,
+        dtype,
+        seed=0,
+        layer=0,
+        key_calibration=None,
+        signs=SIGNS,
+    ):
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"TurboQuant caches take float16, bfloat16 or float32 keys and values, got {dtype}."
+            )
+        if scheme.key_bits:
+            check_head_dim(key_dim)
+        check_head_dim(value_dim)
+        if key_calibration is None:
+            key_calibration = DEFAULT_KEY_CALIBRATION
+        if key_calibration not in KEY_CALIBRATIONS:
+            raise ValueError(
+                f"Unknown key calibration {key_calibration!r}; choose one of {KEY_CALIBRATIONS}."
+            )
+        self.scheme = scheme
+        self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
+        self.dtype = dtype
+        self.seed, self.layer, self.signs = seed, layer, signs
+        self.key_calibration = key_calibration if scheme.key_bits else "none"
+        self.key_rotation = (
+            rotation(key_dim, seed, layer, signs) if scheme.key_bits else None
+        )
+        self.value_rotation = rotation(value_dim, seed, layer, signs)
+        self.key_mean = (
+            None  # (1 or batch, n_kv_heads, key_dim) float32, set by calibrate()
+        )
+        self.key_scale = None
+
+    @classmethod
+    def for_keys(cls, scheme, keys, values, **options):
+        """The codec for K/V shaped and typed like ``keys`` and ``values`` (B, H, T, D)."""
+        return cls(
+            scheme,
+            key_dim=keys.shape[3],
+            value_dim=values.shape[3],
+            n_kv_heads=keys.shape[1],
+            dtype=keys.dtype,
+            **options,
+        )
+
+    def __deepcopy__(self, memo):
+        # Never mutated once calibrated, so cache copies can share it (and MLX
+        # dtypes cannot be deep-copied).
+        return self
+
+    # -- calibration --------------------------------------------------------
+    def key_statistics(self, keys: mx.array, valid=None, per_row=False):
+        """Per-head, per-channel (mean, scale) of (B, H, T, D) keys, shaped (B or 1, H, D).
+
+        ``valid`` (B, T) marks the tokens to count (a batch's padding is not);
+        ``per_row`` keeps one set of statistics per batch row.
+        """
+        if self.key_calibration == "none":
+            return None, None
+        k = keys.astype(mx.float32)
+        weight = (
+            mx.ones((k.shape[0], 1, k.shape[2], 1))
+            if valid is None
+            else valid[:, None, :, None].astype(mx.float32)
+        )
+        axes = (2,) if per_row else (0, 2)
+        count = weight.sum(axis=axes, keepdims=True)
+        mean = (k * weight).sum(axis=axes, keepdims=True) / mx.maximum(count, 1)
+        scale = None
+        enough = count >= MIN_SCALE_TOKENS
+        if self.key_calibration == "center+scale" and enough.any().item():
+            spread = mx.sqrt(
+                (((k - mean) ** 2) * weight).sum(axis=axes, keepdims=True)
+                / mx.maximum(count, 1)
+            )
+            spread = mx.maximum(
+                spread, 1e-3 * spread.max(axis=-1, keepdims=True) + 1e-12
+            )
+            spread = spread / mx.sqrt((spread**2).mean(axis=-1, keepdims=True))
+            scale = mx.where(enough, spread, 1.0)[
+                :, :, 0
+            ]  # rows with too few tokens: unscaled
+        return mean[:, :, 0], scale
+
+    def calibrate(self, keys: mx.array):
+        """Measure the key statistics on (B, H, T, D) keys (all rows together)."""
+        self.key_mean, self.key_scale = self.key_statistics(keys)
+
+    def with_statistics(self, key_mean, key_scale):
+        """This codec with other key statistics (a batch's rows have their own)."""
+        codec = copy.copy(self)
+        codec.key_mean, codec.key_scale = key_mean, key_scale
+        return codec
+
+    def _calibrated_keys(self, keys):
+        k = keys.astype(mx.float32)
+        if self.key_mean is not None:
+            k = k - self.key_mean[:, :, None]
+        if self.key_scale is not None:
+            k = k / self.key_scale[:, :, None]
+        return k
+
+    # -- storage ------------------------------------------------------------
+    @property
+    def n_stored_arrays(self):
+        return 4 if self.scheme.key_bits else 3
+
+    def rotated(self, keys: mx.array, values: mx.array):
+        """(B, H, L, D) keys and values -> their attention-domain forms (keys calibrated and
+        rotated, values rotated), float32 (keys kept as they are where they are stored exactly)."""
+        y_values = self.value_rotation.forward(values)
+        if not self.scheme.key_bits:
+            return keys, y_values
+        return self.key_rotation.forward(self._calibrated_keys(keys)), y_values
+
+    def exact(self, keys: mx.array, values: mx.array):
+        """Keys and values in the attention domain, unquantized, in the model dtype."""
+        return tuple(a.astype(self.dtype) for a in self.rotated(keys, values))
+
+    def encode(self, keys: mx.array, values: mx.array):
+        """(B, H, L, D) keys and values -> (stored arrays, exact rotated keys, values).
+
+        Every stored array keeps the token axis at 2. The exact rotated keys and
+        values let a token attend to itself without quantization error. The portable
+        reference of ``kernels/encode.cu`` (``cache.cache.encode`` picks).
+        """
+        y_keys, y_values = self.rotated(keys, values)
+        stored_values = quantize_rotated(y_values, self.scheme.value_bits)
+        if self.scheme.key_bits:
+            stored = (*quantize_rotated(y_keys, self.scheme.key_bits), *stored_values)
+        else:
+            stored = (keys, *stored_values)
+        return stored, y_keys.astype(self.dtype), y_values.astype(self.dtype)
+
+    def decode(self, stored):
+        """Stored arrays -> (keys, values) in the attention domain, model dtype."""
+        *key_part, value_codes, value_norms = stored
+        values = dequantize_rotated(
+            value_codes, value_norms, self.scheme.value_bits, self.value_dim, self.dtype
+        )
+        if not self.scheme.key_bits:
+            return key_part[0], values
+        keys = dequantize_rotated(
+            *key_part, self.scheme.key_bits, self.key_dim, self.dtype
+        )
+        return keys, values
+
+    def bytes_per_token(self):
+        """Stored bytes per token and KV head (keys + values)."""
+        value_bytes = 4 * packed_words(self.value_dim, self.scheme.value_bits) + 2
+        if self.scheme.key_bits:
+            key_bytes = 4 * packed_words(self.key_dim, self.scheme.key_bits) + 2
+        else:
+            key_bytes = self.key_dim * self.dtype.size
+        return key_bytes + value_bytes
+
+    # -- attention ----------------------------------------------------------
+    def _per_query_head(self, stat, n_q_heads):
+        return mx.repeat(stat, n_q_heads // self.n_kv_heads, axis=1)[:, :, None, :]
+
+    def prepare_queries(self, queries: mx.array) -> mx.array:
+        """Queries (B, Hq, L, D) into the domain the stored keys live in."""
+        if not self.scheme.key_bits:
+            return queries
+        q = queries.astype(mx.float32)
+        if self.key_scale is not None:
+            q = q * self._per_query_head(self.key_scale, queries.shape[1])
+        return self.key_rotation.forward(q).astype(queries.dtype)
+
+    def score_shift(self, queries: mx.array, scale: float):
+        """The per-query score offset that centring removed, (B, Hq, L, 1), or None."""
+        if self.key_mean is None:
+            return None
+        mean = self._per_query_head(self.key_mean, queries.shape[1])
+        return scale * (queries.astype(mx.float32) * mean).sum(axis=-1, keepdims=True)
+
+    def restore_output(self, output: mx.array) -> mx.array:
+        return self.value_rotation.inverse(output).astype(output.dtype)
+
+    # -- persistence --------------------------------------------------------
+    def meta(self) -> str:
+        return json.dumps(
+            {
+                "scheme": self.scheme.name,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "n_kv_heads": self.n_kv_heads,
+                "dtype": str(self.dtype).split(".")[-1],
+                "seed": self.seed,
+                "layer": self.layer,
+                "key_calibration": self.key_calibration,
+                "signs": self.signs,
+            }
+        )
+
+    @classmethod
+    def from_meta(cls, meta: str, key_mean=None, key_scale=None):
+        m = json.loads(meta)
+        codec = cls(
+            parse_scheme(m["scheme"]),
+            key_dim=m["key_dim"],
+            value_dim=m["value_dim"],
+            n_kv_heads=m["n_kv_heads"],
+            dtype=getattr(mx, m["dtype"]),
+            seed=m["seed"],
+            layer=m["layer"],
+            key_calibration=m["key_calibration"],
+            signs=m["signs"],
+        )
+        codec.key_mean, codec.key_scale = key_mean, key_scale
+        return codec

