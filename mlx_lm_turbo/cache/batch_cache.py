@@ -638,12 +638,9 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         rows, present = [], False
         for count, before in zip(self.sink_counts, seen):
             first = width - n - before  # where the row's token 0 sits (maybe gone)
-            row = [
-                first + t if t < count and first + t >= 0 else width - 1
-                for t in range(self.sink_tokens)
-            ]
-            present = present or any(p < width - n for p in row)
-            rows.append(row)
+            held = [t < count and first + t >= 0 for t in range(self.sink_tokens)]
+            present = present or any(held)
+            rows.append([first + t if h else width - 1 for t, h in enumerate(held)])
         if self.sinks is None or not present:
             return None
         positions = mx.array(rows)[:, None, :, None]
