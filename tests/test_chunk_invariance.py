@@ -375,3 +375,63 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
     for row, n in enumerate(lengths):
         extracted = batch.extract(row)
         assert extracted.offset == n + decode and extracted.sinks is None
+
+
+def chunked_outputs(cache, chunks, keys, values, queries):
+    """Each chunk's attention output as the model would compute it (the turbo path for
+    a TurboKV, mlx-lm's attention for the uncompressed start)."""
+    outs, start = [], 0
+    for n in chunks:
+        k, v = keys[:, :, start : start + n], values[:, :, start : start + n]
+        fetched, fetched_values = cache.update_and_fetch(k, v)
+        q = queries[:, :, start : start + n]
+        if isinstance(fetched, mx.array):
+            mask = "causal" if n > 1 else None
+            outs.append(
+                mx.fast.scaled_dot_product_attention(
+                    q, fetched, fetched_values, scale=D**-0.5, mask=mask
+                )
+            )
+        else:
+            mask = "causal" if n > 1 else None
+            outs.append(turbo_scaled_dot_product_attention(q, fetched, D**-0.5, mask))
+        start += n
+    return mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_the_uncompressed_start_rule(sliding):
+    from mlx_lm_turbo import TurboQuantKVCache
+
+    def make(start):
+        if sliding:  # a window wider than the prompt: the rule, not the window, decides
+            return TurboQuantRotatingKVCache("turbo4", 128, uncompressed_start=start)
+        return TurboQuantKVCache("turbo4", uncompressed_start=start)
+
+    keys, values, queries = window_kv(70)
+    reference = chunked_outputs(make(0), [70], keys, values, queries)
+    # Up to the sink tokens, chunking changes nothing: every query before them reads
+    # all its keys exactly either way (through mlx-lm's attention or the turbo path).
+    for start in (10, 16):
+        for chunks in ([70], [8, 62], [7] * 10, [1] * 20 + [50]):
+            got = chunked_outputs(make(start), chunks, keys, values, queries)
+            assert (got - reference).abs().max().item() <= FP16_ROUNDING, (
+                start,
+                chunks,
+            )
+    # Beyond them, queries in chunks that end before the start read every key exactly
+    # and later ones follow the one rule: the output depends on that chunk boundary.
+    got = chunked_outputs(make(40), [32, 38], keys, values, queries)
+    assert mx.array_equal(
+        got[:, :, 32:],
+        chunked_outputs(make(0), [32, 38], keys, values, queries)[:, :, 32:],
+    ).item()
+    exact = mx.fast.scaled_dot_product_attention(
+        queries[:, :, :32],
+        keys[:, :, :32],
+        values[:, :, :32],
+        scale=D**-0.5,
+        mask="causal",
+    )
+    assert mx.array_equal(got[:, :, :32], exact).item()
+    assert (got[:, :, :32] - reference[:, :, :32]).abs().max().item() > FP16_ROUNDING

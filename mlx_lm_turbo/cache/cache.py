@@ -172,6 +172,13 @@ class _TurboCache:
                     f"{self.codec.n_kv_heads} heads of dims {self.codec.key_dim}/{self.codec.value_dim}."
                 )
             return True
+        # The uncompressed start: a chunk after which the cache still holds fewer than
+        # uncompressed_start tokens stays uncompressed (its queries read every key
+        # exactly, through mlx-lm's attention); the chunk that reaches it compresses the
+        # history and itself, and the one rule holds from then on. So a query reads
+        # exactly iff its chunk ends before that: with uncompressed_start <= sink_tokens
+        # that changes nothing (every earlier key is a sink token), beyond it the output
+        # depends on where that chunk starts (the prefill step, a reused prefix).
         if self.offset + keys.shape[2] < self.uncompressed_start:
             if self.uncompressed is None:
                 self.uncompressed = self._make_uncompressed()
