@@ -264,7 +264,7 @@ def test_a_cache_in_its_uncompressed_start_is_compressed_when_it_joins_a_batch(
 
     k, v, _ = sequences([40])[0]
     make = (
-        (lambda: TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=100))
+        (lambda: TurboQuantRotatingKVCache("turbo4", 64, uncompressed_start=100))
         if rotating
         else (lambda: TurboQuantKVCache("turbo4", uncompressed_start=100))
     )

@@ -350,19 +350,19 @@ def test_bad_inputs_give_clear_errors():
         TurboQuantKVCache("none")
 
 
-def test_a_window_keeps_its_sink_tokens_through_an_uncompressed_start_longer_than_it():
-    # The uncompressed ring has let tokens 0-13 go when compression starts at 30: the
-    # sink tokens were kept from the first token on, so the statistics are measured on
-    # the sequence's first 16 tokens, as without an uncompressed start.
+def test_a_window_ends_its_uncompressed_start_before_its_first_token_leaves():
+    # Asked to stay uncompressed for 30 tokens, a 16-token window compresses with the
+    # chunk that would let token 0 go: the statistics are measured on the sequence's
+    # first 16 tokens, as without an uncompressed start.
     keys, values = kv(40)
     late = TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=30)
     for start in range(0, 40, 4):
-        late.update_and_fetch(
-            keys[:, :, start : start + 4], values[:, :, start : start + 4]
-        )
+        k, v = keys[:, :, start : start + 4], values[:, :, start : start + 4]
+        late.update_and_fetch(k, v)
+        assert (late.uncompressed is None) == (start + 4 > 16), start
     early = TurboQuantRotatingKVCache("turbo4", 16)
     early.update_and_fetch(keys, values)
-    assert late.uncompressed is None and late.offset == early.offset == 40
+    assert late.offset == early.offset == 40
     assert mx.array_equal(late.codec.key_mean, early.codec.key_mean).item()
     # past the window and trimming: let go, in both
     assert late.sinks is None and early.sinks is None

@@ -116,10 +116,10 @@ class _TurboCache:
 
     step = 256
     # Every later query attends to a sequence's first tokens (attention sinks), so
-    # their quantization error reaches every step: this many are kept exact (from the
-    # first token on, uncompressed start included), read exactly by every query that
-    # sees them, and the key statistics are measured on them (see _calibrate), so they
-    # never depend on how the prompt was chunked or on what a prompt cache reused.
+    # their quantization error reaches every step: this many are kept exact, read
+    # exactly by every query that sees them, and the key statistics are measured on
+    # them (see _calibrate), so they never depend on how the prompt was chunked or on
+    # what a prompt cache reused.
     sink_tokens = 16
     # Each query reads its own key exactly; every other key but the sink tokens is
     # read compressed, whatever the chunking (TurboKV.window).
@@ -179,12 +179,16 @@ class _TurboCache:
         # exactly iff its chunk ends before that: with uncompressed_start <= sink_tokens
         # that changes nothing (every earlier key is a sink token), beyond it the output
         # depends on where that chunk starts (the prefill step, a reused prefix).
-        if self.offset + keys.shape[2] < self.uncompressed_start:
+        if self.offset + keys.shape[2] < self._uncompressed_end():
             if self.uncompressed is None:
                 self.uncompressed = self._make_uncompressed()
             return False
         self._start_compression(keys, values)
         return True
+
+    def _uncompressed_end(self):
+        """The cache compresses once a chunk would take it to this many tokens."""
+        return self.uncompressed_start
 
     def _start_compression(self, incoming_keys=None, incoming_values=None):
         """Build the codec and compress the uncompressed history."""
@@ -234,7 +238,7 @@ class _TurboCache:
     def _keep_sinks(self, keys, values, start):
         """Keep the K/V of a chunk's tokens (the first at position ``start``) that are
         among the first ``sink_tokens`` and not kept yet. None past a gap: a sliding
-        window's sinks are let go once no query can see them (after they were measured)."""
+        window lets its sinks go once no query can see them (after measuring them)."""
         skip = self._sink_count() - start
         take = min(self.sink_tokens - self._sink_count(), keys.shape[2] - skip)
         if skip < 0 or take <= 0:
@@ -391,8 +395,6 @@ class _TurboCache:
 
     def update_and_fetch(self, keys, values):
         if not self._compressing(keys, values):
-            # The sink tokens are kept from the start: a window's first tokens leave it.
-            self._keep_sinks(keys, values, self.offset)
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset
             return out
@@ -509,6 +511,11 @@ class TurboQuantRotatingKVCache(_TurboCache):
         super().__init__(scheme, **kwargs)
         self.max_size, self.keep = max_size, keep
         self._idx = 0
+
+    def _uncompressed_end(self):
+        # A window's uncompressed start ends, at the latest, before its ring lets its
+        # first token go: the sink tokens are taken from the history when it ends.
+        return min(self.uncompressed_start, self.max_size + 1)
 
     def _sinks_in(self, width):
         """The sink tokens the ring's ``width`` slots hold, at their ring indices: kept
