@@ -331,9 +331,9 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
         if start:
             single.update_and_fetch(k[:, :, :start], v[:, :, :start])
         out = attend(single, k, v, q, start, n)
-        singles.append(
-            (out, [attend(single, k, v, q, t, t + 1) for t in range(n, n + decode)])
-        )
+        prompted = copy.deepcopy(single)
+        decoded = [attend(single, k, v, q, t, t + 1) for t in range(n, n + decode)]
+        singles.append((out, decoded, prompted))
     joining = TurboQuantRotatingKVCache("turbo4", WINDOW)
     k, v, _ = data[3]
     joining.update_and_fetch(k[:, :, :history], v[:, :, :history])
@@ -353,28 +353,41 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
         prompt_out.append(attend(batch, keys, values, queries, s, min(s + step, width)))
     batch.finalize()
     prompt_out = mx.concatenate(prompt_out, axis=2)
-    for row, ((expected, _), n) in enumerate(zip(singles, todo)):
+    for row, ((expected, _, prompted), n) in enumerate(zip(singles, todo)):
         got = prompt_out[row : row + 1, :, :n]
         assert (got - expected).abs().max().item() <= FP16_ROUNDING, row
+        # each row leaves the batch with the single cache's sink tokens and statistics
+        extracted = batch.extract(row)
+        assert extracted.offset == prompted.offset
+        mean, want = extracted.codec.key_mean, prompted.codec.key_mean
+        assert (mean is None) == (want is None) == (prompted.offset < 16), row
+        assert mean is None or same(mean, want), row
+        for a, b in zip(extracted.sinks or (), prompted.sinks or ()):
+            assert mx.array_equal(a, b).item(), row
+        assert extracted._sink_count() == prompted._sink_count(), row
+    # The server's split and join: rows filtered out of copies, joined in another order.
+    other = copy.deepcopy(batch)
+    batch.filter([0, 2])
+    other.filter(mx.array([3, 1]))
+    batch.extend(other)
+    order = [0, 2, 3, 1]
     for t in range(decode):
 
         def pick(j):
             return mx.concatenate(
-                [d[j][:, :, n + t : n + t + 1] for d, n in zip(data, lengths)]
+                [data[i][j][:, :, lengths[i] + t : lengths[i] + t + 1] for i in order]
             )
 
         mask = batch.make_mask(1, window_size=WINDOW, return_array=True)
         view, _ = batch.update_and_fetch(pick(0), pick(1))
         out = turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask)
-        for row, (_, expected) in enumerate(singles):
-            assert mx.allclose(out[row : row + 1], expected[t], atol=1e-3).item(), (
-                row,
-                t,
-            )
+        for row, i in enumerate(order):
+            error = (out[row : row + 1] - singles[i][1][t]).abs().max().item()
+            assert error <= FP16_ROUNDING, (i, t)
     assert batch.sinks is None  # every row past its window: let go
-    for row, n in enumerate(lengths):
+    for row, i in enumerate(order):
         extracted = batch.extract(row)
-        assert extracted.offset == n + decode and extracted.sinks is None
+        assert extracted.offset == lengths[i] + decode and extracted.sinks is None
 
 
 def chunked_outputs(cache, chunks, keys, values, queries):
