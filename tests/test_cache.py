@@ -101,11 +101,8 @@ def test_state_round_trip_is_bit_exact_through_a_file(tmp_path, scheme, cls):
         assert a.dtype == b.dtype and mx.array_equal(a, b).item()
     for a, b in zip(cache.sinks or (), loaded.sinks or ()):
         assert mx.array_equal(a, b).item()
-    assert (
-        (loaded.sinks is None)
-        == (cache.sinks is None)
-        == (cls is TurboQuantRotatingKVCache)
-    )
+    # sliding windows keep their sink tokens too (here held for good in the kept slots)
+    assert loaded._sink_count() == cache._sink_count() == cache.sink_tokens
     if cache.scheme.key_bits:
         assert mx.array_equal(loaded.codec.key_mean, cache.codec.key_mean).item()
     else:
@@ -351,3 +348,21 @@ def test_bad_inputs_give_clear_errors():
         TurboQuantKVCache("turbo5")
     with pytest.raises(ValueError, match="not 'none'"):
         TurboQuantKVCache("none")
+
+
+def test_a_window_ends_its_uncompressed_start_before_its_first_token_leaves():
+    # Asked to stay uncompressed for 30 tokens, a 16-token window compresses with the
+    # chunk that would let token 0 go: the statistics are measured on the sequence's
+    # first 16 tokens, as without an uncompressed start.
+    keys, values = kv(40)
+    late = TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=30)
+    for start in range(0, 40, 4):
+        k, v = keys[:, :, start : start + 4], values[:, :, start : start + 4]
+        late.update_and_fetch(k, v)
+        assert (late.uncompressed is None) == (start + 4 > 16), start
+    early = TurboQuantRotatingKVCache("turbo4", 16)
+    early.update_and_fetch(keys, values)
+    assert late.offset == early.offset == 40
+    assert mx.array_equal(late.codec.key_mean, early.codec.key_mean).item()
+    # past the window and trimming: let go, in both
+    assert late.sinks is None and early.sinks is None

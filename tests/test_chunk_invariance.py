@@ -1,16 +1,25 @@
 """A sequence's output does not depend on how its prompt was chunked, nor on what a
 prompt cache reused (TurboKV's rule: each query reads the sink tokens and itself
-exactly and every other key compressed; key statistics come from the sink tokens)."""
+exactly and every other key compressed; key statistics come from the sink tokens).
+Sliding-window caches follow the same rule, a sink token being read exactly while it
+is in the query's window."""
 
 import copy
 
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.generate import batch_generate, generate_step
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
-from mlx_lm_turbo import make_prompt_cache
+from mlx_lm_turbo import TurboQuantRotatingKVCache, make_prompt_cache
+from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.cache.cache import register_cache_classes
+
+# Sliding-window models (tests/tiny_models.py: windows of 16 tokens, so PROMPT wraps
+# them), in float32: gemma4_text's bfloat16 rounds too coarsely to compare (its
+# uncompressed cache alone moves the log-probabilities by up to 0.05 with chunking).
+SLIDING = ["gpt_oss", "gemma4_text"]
 
 PROMPT = [(7 * i + 3) % 250 + 5 for i in range(70)]  # longer than the 16 sink tokens
 STEPS = 8
@@ -113,3 +122,329 @@ def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
     for tokens, logprobs in answers[1:]:
         assert tokens == cold_tokens
         assert (logprobs - cold_logprobs).abs().max().item() < ROUNDING
+
+
+def load_sliding(tiny_model, arch):
+    model, tokenizer = load(str(tiny_model(arch)))
+    model.set_dtype(mx.float32)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("arch", SLIDING)
+def test_sliding_window_models_generate_the_same_for_every_prefill_step_size(
+    tiny_model, arch
+):
+    # Before sliding windows kept sink tokens, their key statistics came from the
+    # first chunk: the log-probabilities moved by 0.3 to 6.6 with the step size.
+    model, _ = load_sliding(tiny_model, arch)
+    runs = {
+        step: run(
+            model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), step
+        )
+        for step in (64, 16, 8, 7, 1)
+    }
+    tokens, logprobs = runs[64]
+    for step, (t, p) in runs.items():
+        assert t == tokens, step
+        assert (p - logprobs).abs().max().item() < ROUNDING, step
+
+
+@pytest.mark.parametrize("shared", [10, 40])  # inside / past the window's sink tokens
+def test_a_sliding_window_cache_reused_or_reloaded_equals_a_cold_one(
+    tiny_model, tmp_path, shared
+):
+    # The prompt cache of a sliding-window model is reused as it is (a window that
+    # has moved cannot be trimmed): a copy of the prefix's cache, or one saved and
+    # loaded again, then the rest of the prompt.
+    register_cache_classes()
+    model, _ = load_sliding(tiny_model, "gpt_oss")
+    prefix = make_prompt_cache(model, "turbo4", boundary_skip=0)
+    model(mx.array([PROMPT[:shared]]), cache=prefix)
+    save_prompt_cache(str(tmp_path / "prefix.safetensors"), prefix)
+    cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), 2048)
+    for reused in (
+        copy.deepcopy(prefix),
+        load_prompt_cache(str(tmp_path / "prefix.safetensors")),
+    ):
+        got = run(model, PROMPT[shared:], reused, 2048)
+        assert got[0] == cold[0]
+        assert (got[1] - cold[1]).abs().max().item() < ROUNDING
+
+
+def test_sliding_window_batches_generate_the_same_for_every_prefill_step_size(
+    tiny_model,
+):
+    # mlx-lm's batch generator: the batch ring keeps each row's sink tokens.
+    model, tokenizer = load_sliding(tiny_model, "gpt_oss")
+    prompts = [PROMPT, PROMPT[:9], PROMPT[5:30]]  # past, inside, around the sinks
+
+    def generate(step):
+        out = batch_generate(
+            model,
+            tokenizer,
+            prompts,
+            prompt_caches=[
+                make_prompt_cache(model, "turbo4", boundary_skip=0) for _ in prompts
+            ],
+            max_tokens=STEPS,
+            prefill_step_size=step,
+            return_token_ids=True,
+            return_logprobs=True,
+        )
+        return out.token_ids, mx.array(out.logprobs)
+
+    tokens, logprobs = generate(64)
+    for step in (16, 7):
+        t, p = generate(step)
+        assert t == tokens, step
+        assert (p - logprobs).abs().max().item() < ROUNDING, step
+    # and each row answers as the sequence alone
+    for prompt, row in zip(prompts, tokens):
+        cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
+        assert run(model, prompt, cache, 64)[0] == row
+
+
+# -- the sliding-window caches themselves, bit for bit on CPU --------------------------
+H, D, HQ, WINDOW = 2, 64, 4, 16
+BIT_EXACT = mx.default_device().type == mx.cpu
+
+
+def window_kv(n, seed=0):
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    bias = 3.0 * mx.random.normal((1, H, 1, D), key=k3)  # statistics that matter
+    keys = (mx.random.normal((1, H, n, D), key=k1) + bias).astype(mx.float16)
+    values = mx.random.normal((1, H, n, D), key=k2).astype(mx.float16)
+    queries = mx.random.normal((1, HQ, n, D), key=k3).astype(mx.float16)
+    return keys, values, queries
+
+
+def same(a, b):
+    if BIT_EXACT:
+        return mx.array_equal(a, b).item()
+    return mx.allclose(a.astype(mx.float32), b.astype(mx.float32), atol=5e-3).item()
+
+
+def attend(cache, keys, values, queries, start, end):
+    """Feed tokens [start, end) as one chunk; the chunk's attention output."""
+    mask = cache.make_mask(end - start, window_size=cache.max_size, return_array=True)
+    view, _ = cache.update_and_fetch(keys[:, :, start:end], values[:, :, start:end])
+    return turbo_scaled_dot_product_attention(
+        queries[:, :, start:end], view, D**-0.5, mask
+    )
+
+
+def prefill_then_decode(chunks, decode, keep=0, max_size=WINDOW):
+    total = sum(chunks)
+    keys, values, queries = window_kv(total + decode)
+    cache = TurboQuantRotatingKVCache("turbo4", max_size, keep)
+    start, prompt_out = 0, []
+    for n in chunks:
+        prompt_out.append(attend(cache, keys, values, queries, start, start + n))
+        start += n
+    decoded = [
+        attend(cache, keys, values, queries, t, t + 1)
+        for t in range(total, total + decode)
+    ]
+    return cache, mx.concatenate(prompt_out, axis=2), mx.concatenate(decoded, axis=2)
+
+
+CHUNKINGS = [[70], [8, 62], [16, 16, 16, 16, 6], [7] * 10, [1] * 70, [3, 1, 30, 1, 35]]
+
+
+@pytest.mark.parametrize("keep", [0, 4])
+def test_a_sliding_window_measures_and_reads_the_same_whatever_the_chunking(keep):
+    # The same keys and values, chunked differently: the same key statistics, the same
+    # compressed window, the same outputs for every prompt token and decode step
+    # (wrapping the ring). Before, the statistics came from the first chunk.
+    runs = [prefill_then_decode(c, 20, keep) for c in CHUNKINGS]
+    cache, prompt_out, decoded = runs[0]
+    want = [cache._temporal_order(a) for a in cache._stored_slice()]
+    for (c, p, d), chunks in zip(runs, CHUNKINGS):
+        assert same(c.codec.key_mean, cache.codec.key_mean), chunks
+        # (kept slots hold sink tokens: read exactly, their compressed copies, made
+        # before the statistics in some chunkings, are never read)
+        for a, b in zip([c._temporal_order(a) for a in c._stored_slice()], want):
+            assert mx.array_equal(a[:, :, keep:], b[:, :, keep:]).item(), chunks
+        if keep == 0:  # kept slots: mlx-lm's own window differs with the chunking
+            # Every query reads the same keys the same way; only the order the ring
+            # hands them in can differ (one token at a time wraps it elsewhere).
+            assert mx.allclose(p, prompt_out, atol=2e-3).item(), chunks
+            assert mx.allclose(d, decoded, atol=2e-3).item(), chunks
+            if chunks[-1] > 1:  # the same ring layout once decoding: bit for bit
+                assert same(d, decoded), chunks
+    assert (cache.sinks is None) == (keep == 0)  # let go past the window, unless kept
+
+
+def test_a_sliding_window_trimmed_saved_and_reloaded_continues_like_a_cold_one(
+    tmp_path,
+):
+    register_cache_classes()
+    cold, _, decoded = prefill_then_decode([23], 6, max_size=32)
+    keys, values, queries = window_kv(29)
+    cache = TurboQuantRotatingKVCache("turbo4", 32)
+    cache.update_and_fetch(keys[:, :, :20], values[:, :, :20])
+    # trimmed into the sink tokens (the statistics go with them), refilled
+    assert cache.is_trimmable() and cache.trim(8) == 8
+    assert cache.codec.key_mean is None and cache._sink_count() == 12
+    cache.update_and_fetch(keys[:, :, 12:23], values[:, :, 12:23])
+    save_prompt_cache(str(tmp_path / "c.safetensors"), [cache])
+    (loaded,) = load_prompt_cache(str(tmp_path / "c.safetensors"))
+    got = mx.concatenate(
+        [attend(loaded, keys, values, queries, t, t + 1) for t in range(23, 29)],
+        axis=2,
+    )
+    assert same(loaded.codec.key_mean, cold.codec.key_mean)
+    assert same(got, decoded)
+
+
+def right_padded(arrays, lengths):
+    width = max(lengths)
+    return mx.concatenate(
+        [
+            mx.pad(a[:, :, :n], [(0, 0), (0, 0), (0, width - n), (0, 0)])
+            for a, n in zip(arrays, lengths)
+        ]
+    )
+
+
+# Outputs of magnitude ~2 in float16 (an ulp of 2e-3) summed in other orders by other
+# shapes (measured: up to 2e-3); before, rows differed by far more (see the test).
+FP16_ROUNDING = 4e-3
+
+
+@pytest.mark.parametrize("step", [64, 16, 7])
+def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunking(
+    step,
+):
+    # As mlx-lm's batch generator feeds it: a right-padded prompt in step-token chunks
+    # (prepare, chunks, finalize), then decoding; rows past, around and inside the
+    # sink tokens, one joining with a history of its own. Every prompt token's and
+    # decode step's output is the sequence's alone (one chunk) within float rounding.
+    # Before, each row's statistics came from its first chunk (and in the view they
+    # still would without the sink tokens of the current chunk).
+    lengths, decode, history = [40, 9, 25, 30], 24, 20
+    data = [window_kv(n + decode, seed=i) for i, n in enumerate(lengths)]
+    singles = []
+    for i, ((k, v, q), n) in enumerate(zip(data, lengths)):
+        single = TurboQuantRotatingKVCache("turbo4", WINDOW)
+        start = history if i == 3 else 0
+        if start:
+            single.update_and_fetch(k[:, :, :start], v[:, :, :start])
+        out = attend(single, k, v, q, start, n)
+        prompted = copy.deepcopy(single)
+        decoded = [attend(single, k, v, q, t, t + 1) for t in range(n, n + decode)]
+        singles.append((out, decoded, prompted))
+    joining = TurboQuantRotatingKVCache("turbo4", WINDOW)
+    k, v, _ = data[3]
+    joining.update_and_fetch(k[:, :, :history], v[:, :, :history])
+    batch = TurboQuantRotatingKVCache.merge(
+        [TurboQuantRotatingKVCache("turbo4", WINDOW) for _ in lengths[:3]] + [joining]
+    )
+    todo = [n - (history if i == 3 else 0) for i, n in enumerate(lengths)]
+    begin = [history if i == 3 else 0 for i in range(len(lengths))]
+    keys, values, queries = (
+        right_padded([d[j][:, :, b:] for d, b in zip(data, begin)], todo)
+        for j in range(3)
+    )
+    width = max(todo)
+    batch.prepare(lengths=todo, right_padding=[width - n for n in todo])
+    prompt_out = []
+    for s in range(0, width, step):
+        prompt_out.append(attend(batch, keys, values, queries, s, min(s + step, width)))
+    batch.finalize()
+    prompt_out = mx.concatenate(prompt_out, axis=2)
+    for row, ((expected, _, prompted), n) in enumerate(zip(singles, todo)):
+        got = prompt_out[row : row + 1, :, :n]
+        assert (got - expected).abs().max().item() <= FP16_ROUNDING, row
+        # each row leaves the batch with the single cache's sink tokens and statistics
+        extracted = batch.extract(row)
+        assert extracted.offset == prompted.offset
+        mean, want = extracted.codec.key_mean, prompted.codec.key_mean
+        assert (mean is None) == (want is None) == (prompted.offset < 16), row
+        assert mean is None or same(mean, want), row
+        for a, b in zip(extracted.sinks or (), prompted.sinks or ()):
+            assert mx.array_equal(a, b).item(), row
+        assert extracted._sink_count() == prompted._sink_count(), row
+    # The server's split and join: rows filtered out of copies, joined in another order.
+    other = copy.deepcopy(batch)
+    batch.filter([0, 2])
+    other.filter(mx.array([3, 1]))
+    batch.extend(other)
+    order = [0, 2, 3, 1]
+    for t in range(decode):
+
+        def pick(j):
+            return mx.concatenate(
+                [data[i][j][:, :, lengths[i] + t : lengths[i] + t + 1] for i in order]
+            )
+
+        mask = batch.make_mask(1, window_size=WINDOW, return_array=True)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        out = turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask)
+        for row, i in enumerate(order):
+            error = (out[row : row + 1] - singles[i][1][t]).abs().max().item()
+            assert error <= FP16_ROUNDING, (i, t)
+    assert batch.sinks is None  # every row past its window: let go
+    for row, i in enumerate(order):
+        extracted = batch.extract(row)
+        assert extracted.offset == lengths[i] + decode and extracted.sinks is None
+
+
+def chunked_outputs(cache, chunks, keys, values, queries):
+    """Each chunk's attention output as the model would compute it (the turbo path for
+    a TurboKV, mlx-lm's attention for the uncompressed start)."""
+    outs, start = [], 0
+    for n in chunks:
+        k, v = keys[:, :, start : start + n], values[:, :, start : start + n]
+        fetched, fetched_values = cache.update_and_fetch(k, v)
+        q = queries[:, :, start : start + n]
+        if isinstance(fetched, mx.array):
+            mask = "causal" if n > 1 else None
+            outs.append(
+                mx.fast.scaled_dot_product_attention(
+                    q, fetched, fetched_values, scale=D**-0.5, mask=mask
+                )
+            )
+        else:
+            mask = "causal" if n > 1 else None
+            outs.append(turbo_scaled_dot_product_attention(q, fetched, D**-0.5, mask))
+        start += n
+    return mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_the_uncompressed_start_rule(sliding):
+    from mlx_lm_turbo import TurboQuantKVCache
+
+    def make(start):
+        if sliding:  # a window wider than the prompt: the rule, not the window, decides
+            return TurboQuantRotatingKVCache("turbo4", 128, uncompressed_start=start)
+        return TurboQuantKVCache("turbo4", uncompressed_start=start)
+
+    keys, values, queries = window_kv(70)
+    reference = chunked_outputs(make(0), [70], keys, values, queries)
+    # Up to the sink tokens, chunking changes nothing: every query before them reads
+    # all its keys exactly either way (through mlx-lm's attention or the turbo path).
+    for start in (10, 16):
+        for chunks in ([70], [8, 62], [7] * 10, [1] * 20 + [50]):
+            got = chunked_outputs(make(start), chunks, keys, values, queries)
+            assert (got - reference).abs().max().item() <= FP16_ROUNDING, (
+                start,
+                chunks,
+            )
+    # Beyond them, queries in chunks that end before the start read every key exactly
+    # and later ones follow the one rule: the output depends on that chunk boundary.
+    got = chunked_outputs(make(40), [32, 38], keys, values, queries)
+    assert mx.array_equal(
+        got[:, :, 32:],
+        chunked_outputs(make(0), [32, 38], keys, values, queries)[:, :, 32:],
+    ).item()
+    exact = mx.fast.scaled_dot_product_attention(
+        queries[:, :, :32],
+        keys[:, :, :32],
+        values[:, :, :32],
+        scale=D**-0.5,
+        mask="causal",
+    )
+    assert mx.array_equal(got[:, :, :32], exact).item()
+    assert (got[:, :, :32] - reference[:, :, :32]).abs().max().item() > FP16_ROUNDING

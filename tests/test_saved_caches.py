@@ -122,3 +122,36 @@ def test_new_files_name_their_format_and_rotation(fixture_model, tmp_path):
         )
     last = tokens[:, -1:]
     assert mx.array_equal(model(last, cache=loaded), model(last, cache=cache)).item()
+
+
+def test_format_1_files_continue_unless_they_hold_sliding_window_layers(
+    tmp_path, monkeypatch
+):
+    # Format 2 changed only the sliding-window caches' rule (sink tokens, statistics
+    # measured on them): format-1 full-attention layers continue exactly; format-1
+    # sliding-window layers, whose statistics came from their first chunk, are refused.
+    import mlx_lm_turbo.cache.cache as cache_module
+    from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+
+    cache_module.register_cache_classes()
+    k1, k2 = mx.random.split(mx.random.key(0))
+    keys = mx.random.normal((1, 2, 41, 64), key=k1).astype(mx.float16)
+    values = mx.random.normal((1, 2, 41, 64), key=k2).astype(mx.float16)
+    for cache in (TurboQuantKVCache("turbo4"), TurboQuantRotatingKVCache("turbo4", 16)):
+        cache.update_and_fetch(keys[:, :, :40], values[:, :, :40])
+        path = str(tmp_path / f"{type(cache).__name__}.safetensors")
+        with monkeypatch.context() as m:  # saved as format 1 (its layout is format 2's)
+            m.setattr(cache_module, "FORMAT_VERSION", 1)
+            save_prompt_cache(path, [cache])
+        if isinstance(cache, TurboQuantRotatingKVCache):
+            with pytest.raises(
+                CacheFormatError, match="sliding-window layers were saved"
+            ):
+                load_prompt_cache(path)
+            continue
+        (loaded,) = load_prompt_cache(path)
+        assert json.loads(loaded.meta_state[0])["format"] == FORMAT_VERSION
+        a, _ = cache.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        b, _ = loaded.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        for x, y in zip((*a.stored, *a.sinks), (*b.stored, *b.sinks)):
+            assert mx.array_equal(x, y).item()

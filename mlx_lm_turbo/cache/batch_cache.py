@@ -5,8 +5,9 @@ left-padded to a common length, ``offset`` is per sequence, and
 ``prepare``/``finalize`` move the right padding of a batched prefill to the left.
 Every stored array keeps the token axis at 2, so padding, rolling and filtering
 act on the compressed data directly: nothing passes through fp16 when sequences
-join or leave a batch. Each sequence keeps its own key statistics (rows of the
-codec's ``key_mean``), measured on its own tokens, padding excluded.
+join or leave a batch. Each sequence keeps its own sink tokens and key statistics
+(rows of the codec's ``key_mean``), measured on its own first tokens, padding excluded,
+under the single caches' rule (see ``TurboQuantKVCache.sink_tokens``).
 """
 
 import os
@@ -71,7 +72,8 @@ def _concat_statistic(codecs, rows, name, neutral):
 
 
 class _BatchStatistics:
-    """Per-sequence key statistics and the codec they live in, shared by both batch forms."""
+    """Per-sequence sink tokens, the key statistics measured on them and the codec they
+    live in, shared by both batch forms."""
 
     def _init_statistics(self, scheme, rows, seed, layer, key_calibration):
         self.scheme, self.seed, self.layer, self.key_calibration = (
@@ -87,6 +89,16 @@ class _BatchStatistics:
         self._prompt_end = (
             None  # (B,) where each row's real tokens end in a right-padded prefill
         )
+
+    def _init_sinks(self, rows, sink_tokens):
+        # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
+        # (B, H, sink_tokens, D) keys and values, of which each row has filled
+        # sink_counts[row] (on the host, like ``calibrated``).
+        self.sink_tokens = (
+            TurboQuantKVCache.sink_tokens if sink_tokens is None else sink_tokens
+        )
+        self.sinks = None
+        self.sink_counts = [0] * rows
 
     @staticmethod
     def _joining(caches):
@@ -179,6 +191,90 @@ class _BatchStatistics:
             )
         self.calibrated = self.calibrated + other.calibrated
 
+    # -- sink tokens and the statistics measured on them -------------------------
+    def _complete_sinks(self):
+        """Per row (host bools): are all its sink tokens there (its statistics measured)?"""
+        return [
+            bool(self.sink_tokens) and n >= self.sink_tokens for n in self.sink_counts
+        ]
+
+    def _calibrate_rows(self):
+        """Rows whose sink tokens are all there measure their key statistics on them
+        (see TurboQuantKVCache._calibrate)."""
+        rows = [
+            done and not c for done, c in zip(self._complete_sinks(), self.calibrated)
+        ]
+        if any(rows):
+            self._set_row_statistics(
+                rows, *self.codec.key_statistics(self.sinks[0], per_row=True)
+            )
+            self.calibrated = [a or b for a, b in zip(self.calibrated, rows)]
+
+    def _cut_sinks(self, real):
+        """After a trim: rows left with fewer ``real`` tokens than sink slots keep fewer,
+        and lose the statistics measured on the ones cut."""
+        counts = [min(c, r) for c, r in zip(self.sink_counts, real)]
+        lost = [
+            c and new < old and new < self.sink_tokens
+            for c, new, old in zip(self.calibrated, counts, self.sink_counts)
+        ]
+        self.sink_counts = counts
+        if any(lost):
+            self._set_row_statistics(lost, None, None)
+            self.calibrated = [c and not x for c, x in zip(self.calibrated, lost)]
+
+    def _keep_sinks(self, exact_keys, exact_values, seen=None):
+        """Fill each row's sink slots from this chunk's first real tokens; ``seen``
+        (host) counts each row's tokens before the chunk (default: its filled slots)."""
+        S = self.sink_tokens
+        seen = self.sink_counts if seen is None else seen
+        if min(seen, default=S) >= S:
+            return
+        counts = mx.array(self.sink_counts)
+        # Slot j of a row takes the (j - seen + 1)-th real token of the chunk.
+        rank = mx.cumsum(
+            self._real_tokens(exact_keys.shape[2]).astype(mx.int32), axis=1
+        )
+        wanted = mx.arange(S)[None] - mx.array(seen)[:, None] + 1
+        reached = rank[:, None, :] >= wanted[:, :, None]  # (B, S, n)
+        fill = (wanted >= 1) & reached.any(axis=2)
+        source = mx.argmax(reached, axis=2)[:, None, :, None]
+        if self.sinks is None:
+            self.sinks = tuple(
+                mx.zeros((*a.shape[:2], S, a.shape[3]), a.dtype)
+                for a in (exact_keys, exact_values)
+            )
+        self.sinks = tuple(
+            mx.where(fill[:, None, :, None], mx.take_along_axis(a, source, axis=2), old)
+            for a, old in zip((exact_keys, exact_values), self.sinks)
+        )
+        # A device sync, but only while some row still lacks its sink tokens.
+        self.sink_counts = (counts + fill.sum(axis=1)).tolist()
+
+    def _joined_sinks(self, caches, rows):
+        """The caches' sink (keys, values) stacked into one batch, every row given all
+        ``sink_tokens`` slots (caches without sinks give zeros); None if none has any."""
+        like = next((c.sinks for c in caches if c.sinks is not None), None)
+        if like is None:
+            return None
+
+        def padded(sinks, like, n):
+            filled = 0 if sinks is None else sinks.shape[2]
+            zeros = mx.zeros(
+                (n, like.shape[1], self.sink_tokens - filled, like.shape[3]), like.dtype
+            )
+            return zeros if sinks is None else mx.concatenate([sinks, zeros], axis=2)
+
+        return tuple(
+            mx.concatenate(
+                [
+                    padded(None if c.sinks is None else c.sinks[i], like[i], n)
+                    for c, n in zip(caches, rows)
+                ]
+            )
+            for i in range(2)
+        )
+
     def _row_codec(self, idx):
         scale, mean = self.codec.key_scale, self.codec.key_mean
         if not self.calibrated[idx]:  # a row's neutral statistics are none yet
@@ -206,14 +302,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
     ):
         self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
         self.stored = None
-        # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
-        # (B, H, sink_tokens, D) keys and values, of which each row has filled
-        # sink_counts[row] (on the host, like ``calibrated``).
-        self.sink_tokens = (
-            TurboQuantKVCache.sink_tokens if sink_tokens is None else sink_tokens
-        )
-        self.sinks = None
-        self.sink_counts = [0] * len(left_padding)
+        self._init_sinks(len(left_padding), sink_tokens)
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
@@ -285,51 +374,6 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         )
         return view, view
 
-    # -- sink tokens and the statistics measured on them -------------------------
-    def _complete_sinks(self):
-        """Per row (host bools): are all its sink tokens there (its statistics measured)?"""
-        return [
-            bool(self.sink_tokens) and n >= self.sink_tokens for n in self.sink_counts
-        ]
-
-    def _calibrate_rows(self):
-        """Rows whose sink tokens are all there measure their key statistics on them
-        (see TurboQuantKVCache._calibrate)."""
-        rows = [
-            done and not c for done, c in zip(self._complete_sinks(), self.calibrated)
-        ]
-        if any(rows):
-            self._set_row_statistics(
-                rows, *self.codec.key_statistics(self.sinks[0], per_row=True)
-            )
-            self.calibrated = self._complete_sinks()
-
-    def _keep_sinks(self, exact_keys, exact_values):
-        """Fill each row's sink slots from this chunk's first real tokens."""
-        S = self.sink_tokens
-        if min(self.sink_counts, default=S) >= S:
-            return
-        counts = mx.array(self.sink_counts)
-        # Slot j of a row takes the (j - count + 1)-th real token of the chunk.
-        rank = mx.cumsum(
-            self._real_tokens(exact_keys.shape[2]).astype(mx.int32), axis=1
-        )
-        wanted = mx.arange(S)[None] - counts[:, None] + 1
-        reached = rank[:, None, :] >= wanted[:, :, None]  # (B, S, n)
-        fill = (wanted >= 1) & reached.any(axis=2)
-        source = mx.argmax(reached, axis=2)[:, None, :, None]
-        if self.sinks is None:
-            self.sinks = tuple(
-                mx.zeros((*a.shape[:2], S, a.shape[3]), a.dtype)
-                for a in (exact_keys, exact_values)
-            )
-        self.sinks = tuple(
-            mx.where(fill[:, None, :, None], mx.take_along_axis(a, source, axis=2), old)
-            for a, old in zip((exact_keys, exact_values), self.sinks)
-        )
-        # A device sync, but only while some row still lacks its sink tokens.
-        self.sink_counts = (counts + fill.sum(axis=1)).tolist()
-
     def _sink_view(self):
         """(keys, values, positions) for TurboKV, in the attention domain: slot j of a row
         sits behind its left padding; unfilled slots point at the last position, which the
@@ -343,30 +387,6 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self._idx - 1,
         )
         return (*TurboQuantKVCache._attention_sinks(self), positions[:, None, :, None])
-
-    def _joined_sinks(self, caches, rows):
-        """The caches' sink (keys, values) stacked into one batch, every row given all
-        ``sink_tokens`` slots (caches without sinks give zeros); None if none has any."""
-        like = next((c.sinks for c in caches if c.sinks is not None), None)
-        if like is None:
-            return None
-
-        def padded(sinks, like, n):
-            filled = 0 if sinks is None else sinks.shape[2]
-            zeros = mx.zeros(
-                (n, like.shape[1], self.sink_tokens - filled, like.shape[3]), like.dtype
-            )
-            return zeros if sinks is None else mx.concatenate([sinks, zeros], axis=2)
-
-        return tuple(
-            mx.concatenate(
-                [
-                    padded(None if c.sinks is None else c.sinks[i], like[i], n)
-                    for c, n in zip(caches, rows)
-                ]
-            )
-            for i in range(2)
-        )
 
     make_mask = BatchKVCache.make_mask
 
@@ -486,18 +506,8 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         n = min(self._idx, n)
         self._idx -= n
         self.offset = self.offset - n
-        if any(
-            self.sink_counts
-        ):  # rows left with fewer real tokens than sinks keep fewer
-            real = [max(self._idx - p, 0) for p in self.left_padding.tolist()]
-            self.sink_counts = [min(c, r) for c, r in zip(self.sink_counts, real)]
-            lost = [
-                c and not done
-                for c, done in zip(self.calibrated, self._complete_sinks())
-            ]
-            if any(lost):  # measured on sink tokens no longer all there
-                self._set_row_statistics(lost, None, None)
-                self.calibrated = self._complete_sinks()
+        if any(self.sink_counts):
+            self._cut_sinks([max(self._idx - p, 0) for p in self.left_padding.tolist()])
         return n
 
     @property
@@ -544,7 +554,16 @@ def _unpack_pair(codec, keys, values):
 
 
 class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
-    """The batch form of ``TurboQuantRotatingKVCache`` (mlx-lm's ``BatchRotatingKVCache``)."""
+    """The batch form of ``TurboQuantRotatingKVCache`` (mlx-lm's ``BatchRotatingKVCache``).
+
+    Each row keeps its sink tokens and measures its statistics on them, and its
+    queries read the ones still in their window exactly, as the single cache does.
+    Rows differ in which sink tokens their window still holds, and TurboKV has no
+    slot for "none" but a position in the exact tail: so a decode step while some
+    row still sees a sink token appends its token in temporal order, as a prefill
+    chunk does (the newest token last, the exact tail), instead of writing it into
+    the ring in place (make_mask matches).
+    """
 
     def __init__(
         self,
@@ -555,9 +574,14 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         seed=0,
         layer=0,
         key_calibration=None,
+        sink_tokens=None,
     ):
         BatchRotatingKVCache.__init__(self, max_size, left_padding)
         self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
+        self._init_sinks(len(left_padding), sink_tokens)
+        # Each row's tokens so far (a single cache's offset), on the host: where its
+        # sink tokens sit in the window follows from it.
+        self.row_tokens = [0] * len(left_padding)
 
     @property
     def to_quantized(self):  # mlx-lm would swap a cache that has it for an affine one
@@ -577,46 +601,102 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         batch = BatchRotatingKVCache.merge.__func__(cls, shims)
         batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
         batch.key_calibration = first.key_calibration
-        batch._adopt_statistics(caches, [c.codec is not None for c in caches])
+        batch.sink_tokens = first.sink_tokens
+        batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        # A ring with kept slots that has dropped tokens is no longer consecutive
+        # once it joins: its sink tokens then count as gone (they were measured).
+        batch.sink_counts = [
+            0 if c.keep and c.offset > c.size() else c._sink_count() for c in caches
+        ]
+        batch.row_tokens = [c.offset for c in caches]
+        batch._adopt_statistics(
+            caches, [c.codec is not None and c.offset >= c.sink_tokens for c in caches]
+        )
         return batch
+
+    # -- where the sink tokens are ------------------------------------------------
+    def _temporal_width(self):
+        """Tokens in the ring once put in temporal order (mlx-lm's _update_concat)."""
+        if self.keys is None:
+            return 0
+        return self.keys.shape[2] if self.rotated else self._idx
+
+    def _decode_sees_sinks(self):
+        """Does the next single-token step leave some row a sink token in its window?
+        Host state only: make_mask and update_and_fetch ask before the step."""
+        width = min(self._temporal_width() + 1, self.max_size)
+        for count, seen in zip(self.sink_counts, self.row_tokens):
+            count += count == seen < self.sink_tokens  # this token is a sink token
+            if count and width - (seen + 1) + count - 1 >= 0:
+                return True
+        return False
+
+    def _sink_view(self, seen, n, width):
+        """TurboKV sinks over a ``width``-token window in temporal order whose last ``n``
+        tokens are this chunk, each row right-aligned with ``seen`` tokens before it.
+        Slots a row does not hold point at the last position (the exact tail's)."""
+        rows, present = [], False
+        for count, before in zip(self.sink_counts, seen):
+            first = width - n - before  # where the row's token 0 sits (maybe gone)
+            held = [t < count and first + t >= 0 for t in range(self.sink_tokens)]
+            present = present or any(held)
+            rows.append([first + t if h else width - 1 for t, h in enumerate(held)])
+        if self.sinks is None or not present:
+            return None
+        positions = mx.array(rows)[:, None, :, None]
+        return (*TurboQuantKVCache._attention_sinks(self), positions)
+
+    def _let_go_of_sinks(self):
+        """As the single cache does: once every row is past its window and trimming."""
+        if self.sinks is not None and all(
+            r >= self.max_size + self.sink_tokens for r in self.row_tokens
+        ):
+            self.sinks, self._converted_sinks = None, None
+            self.sink_counts = [0] * len(self.row_tokens)
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        if N > 1 or not self._decode_sees_sinks():
+            return BatchRotatingKVCache.make_mask(
+                self, N, window_size=window_size, return_array=return_array
+            )
+        # The step appends in temporal order (see the class doc), trimming the oldest.
+        width = self._temporal_width()
+        trim = max(0, width + 1 - self.max_size)
+        keys = mx.arange(width + 1 - trim)
+        mask = keys[None] >= (self.left_padding - trim)[:, None]
+        mask = mask & (keys > keys.shape[0] - 1 - (window_size or self.max_size))
+        return mask[:, None, None, :]
 
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
         self._ensure_codec(keys, values)
-        self._calibrate_on_chunk(keys)
+        n, seen = keys.shape[2], self.row_tokens
+        temporal = n > 1 or self._decode_sees_sinks()
+        if n > 1 or self._prompt_end is not None:  # count each row's real tokens
+            real = self._real_tokens(n).sum(axis=1).tolist()
+        else:
+            real = [1] * len(seen)
+        self._keep_sinks(keys, values, seen)
+        self._calibrate_rows()
         stored, exact_keys, exact_values = encode(self.codec, keys, values)
-        ring = _unpack_pair(
-            self.codec,
-            *BatchRotatingKVCache.update_and_fetch(
-                self, *_pack_pair(self.codec, stored)
-            ),
-        )
+        packed = _pack_pair(self.codec, stored)
+        if temporal:
+            ring = BatchRotatingKVCache._update_concat(self, *packed)
+        else:
+            ring = BatchRotatingKVCache._update_in_place(self, *packed)
+        ring = _unpack_pair(self.codec, *ring)
+        self.row_tokens = [a + b for a, b in zip(seen, real)]
         window = TurboQuantRotatingKVCache.exact_window
-        if (
-            keys.shape[2] == 1
-        ):  # the whole ring in ring order, the new token (exact) at _idx - 1
+        if temporal:  # history in temporal order, then the chunk
+            sinks = self._sink_view(seen, n, ring[0].shape[2])
+            view = TurboKV(self.codec, ring, exact_keys, exact_values, sinks, window)
+        else:  # the whole ring in ring order, the new token (exact) at _idx - 1
             at = mx.array([self._idx - 1])[None, None, :, None]
             view = TurboKV(
                 self.codec, ring, sinks=(exact_keys, exact_values, at), window=window
             )
-        else:  # history in temporal order, then the chunk
-            view = TurboKV(self.codec, ring, exact_keys, exact_values, window=window)
+        self._let_go_of_sinks()
         return view, view
-
-    def _calibrate_on_chunk(self, keys):
-        """Rows without statistics measure them on this chunk's real tokens (a sliding
-        window keeps no sink tokens to measure them on)."""
-        if self.codec.key_calibration == "none" or all(self.calibrated):
-            return
-        valid = self._real_tokens(keys.shape[2])
-        rows = [
-            has and not c for has, c in zip(valid.any(axis=1).tolist(), self.calibrated)
-        ]
-        if any(rows):
-            self._set_row_statistics(
-                rows, *self.codec.key_statistics(keys, valid, per_row=True)
-            )
-            self.calibrated = [a or b for a, b in zip(self.calibrated, rows)]
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
         if lengths is not None:
@@ -638,11 +718,19 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     def filter(self, batch_indices):
         BatchRotatingKVCache.filter(self, batch_indices)
         self._filter_statistics(batch_indices)
+        rows = _host_indices(batch_indices)
+        if self.sinks is not None:
+            self.sinks = tuple(a[batch_indices] for a in self.sinks)
+        self.sink_counts = [self.sink_counts[i] for i in rows]
+        self.row_tokens = [self.row_tokens[i] for i in rows]
 
     def extend(self, other):
         rows = self.offset.shape[0]
+        self.sinks = self._joined_sinks((self, other), (rows, other.offset.shape[0]))
         BatchRotatingKVCache.extend(self, other)
         self._extend_statistics(other, rows)
+        self.sink_counts = self.sink_counts + other.sink_counts
+        self.row_tokens = self.row_tokens + other.row_tokens
 
     def extract(self, idx):
         plain = BatchRotatingKVCache.extract(self, idx)
@@ -654,6 +742,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             layer=self.layer,
             key_calibration=self.key_calibration,
         )
+        cache.sink_tokens = self.sink_tokens
         if self.keys is not None:
             cache.stored = tuple(
                 mx.contiguous(a)
@@ -661,4 +750,25 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             )
             cache.codec = self._row_codec(idx)
             cache.offset, cache._idx = plain.offset, plain._idx
+        if self.sink_counts[idx]:
+            cache.sinks = tuple(
+                mx.contiguous(a[idx : idx + 1, :, : self.sink_counts[idx]])
+                for a in self.sinks
+            )
+        cache._let_go_of_sinks()
         return cache
+
+    def trim(self, n):
+        n = BatchRotatingKVCache.trim(self, n)
+        self.row_tokens = [max(r - n, 0) for r in self.row_tokens]
+        if any(self.sink_counts):
+            self._cut_sinks(self.row_tokens)
+        return n
+
+    @property
+    def nbytes(self):
+        arrays = (
+            *(self.sinks or ()),
+            *TurboQuantKVCache._converted_sink_arrays(self),
+        )
+        return BatchRotatingKVCache.nbytes.fget(self) + sum(a.nbytes for a in arrays)

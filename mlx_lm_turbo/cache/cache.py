@@ -27,9 +27,12 @@ from .view import TurboKV
 # The layout of a saved cache's state and the rules it was made under, written into its
 # metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
 # as the model gave them, key statistics measured on them, each query reading only itself
-# and the sink tokens exactly, rotation signs named in the codec's metadata. Change the
-# layout or the rules, bump this, and say in check_format what older ones become.
-FORMAT_VERSION = 1
+# and the sink tokens exactly, rotation signs named in the codec's metadata; sliding-window
+# caches without sink tokens, their statistics measured on the first chunk compressed
+# (refused by check_format); 2: sliding-window caches follow format 1's rule too (sink
+# tokens read exactly while in the window). Change the layout or the rules, bump this,
+# and say in check_format what older ones become.
+FORMAT_VERSION = 2
 _SAVED_KEYS = (
     "scheme",
     "seed",
@@ -63,6 +66,13 @@ def check_format(meta: dict) -> int:
             "(4 sink tokens, key statistics from the first chunk, each chunk reading itself exactly, "
             "rotation signs from NumPy's generator): this version cannot continue it as 0.1.0 did. "
             "Re-create it with this version (mlx_lm.cache_prompt)."
+        )
+    if version == 1 and "max_size" in meta:
+        raise CacheFormatError(
+            "This prompt cache's sliding-window layers were saved by an mlx-lm-turbo that "
+            "measured their key statistics on the first chunk and kept no sink tokens: this "
+            "version cannot continue them as it did. Re-create the cache with this version "
+            "(mlx_lm.cache_prompt)."
         )
     return version
 
@@ -106,9 +116,10 @@ class _TurboCache:
 
     step = 256
     # Every later query attends to a sequence's first tokens (attention sinks), so
-    # their quantization error reaches every step: this many are kept exact, and the
-    # key statistics are measured on them (see _calibrate), so they never depend on
-    # how the prompt was chunked or on what a prompt cache reused.
+    # their quantization error reaches every step: this many are kept exact, read
+    # exactly by every query that sees them, and the key statistics are measured on
+    # them (see _calibrate), so they never depend on how the prompt was chunked or on
+    # what a prompt cache reused.
     sink_tokens = 16
     # Each query reads its own key exactly; every other key but the sink tokens is
     # read compressed, whatever the chunking (TurboKV.window).
@@ -161,12 +172,23 @@ class _TurboCache:
                     f"{self.codec.n_kv_heads} heads of dims {self.codec.key_dim}/{self.codec.value_dim}."
                 )
             return True
-        if self.offset + keys.shape[2] < self.uncompressed_start:
+        # The uncompressed start: a chunk after which the cache still holds fewer than
+        # uncompressed_start tokens stays uncompressed (its queries read every key
+        # exactly, through mlx-lm's attention); the chunk that reaches it compresses the
+        # history and itself, and the one rule holds from then on. So a query reads
+        # exactly iff its chunk ends before that: with uncompressed_start <= sink_tokens
+        # that changes nothing (every earlier key is a sink token), beyond it the output
+        # depends on where that chunk starts (the prefill step, a reused prefix).
+        if self.offset + keys.shape[2] < self._uncompressed_end():
             if self.uncompressed is None:
                 self.uncompressed = self._make_uncompressed()
             return False
         self._start_compression(keys, values)
         return True
+
+    def _uncompressed_end(self):
+        """The cache compresses once a chunk would take it to this many tokens."""
+        return self.uncompressed_start
 
     def _start_compression(self, incoming_keys=None, incoming_values=None):
         """Build the codec and compress the uncompressed history."""
@@ -184,19 +206,11 @@ class _TurboCache:
             layer=self.layer,
             key_calibration=self.key_calibration,
         )
-        self._calibrate_on_first_chunk(
-            [
-                a
-                for a in (history[0] if history else None, incoming_keys)
-                if a is not None
-            ]
-        )
         self.uncompressed = None
         if history is not None:
-            self._store_history(self._encode(*history)[0])
-
-    def _calibrate_on_first_chunk(self, keys):
-        pass
+            self._store_history(
+                self._encode(*history, self.offset - history[0].shape[2])[0]
+            )
 
     def _calibrate(self):
         """Measure the key statistics on the sink tokens once all are there. A copy of the
@@ -211,22 +225,26 @@ class _TurboCache:
                 *self.codec.key_statistics(self.sinks[0])
             )
 
-    def _encode(self, keys, values):
-        """Keep the sink tokens among these, calibrate once they are all there, compress."""
-        self._keep_sinks(keys, values)
+    def _encode(self, keys, values, start):
+        """Keep the sink tokens among these (the first at position ``start``), calibrate
+        once they are all there, compress."""
+        self._keep_sinks(keys, values, start)
         self._calibrate()
         return encode(self.codec, keys, values)
 
     def _sink_count(self):
         return 0 if self.sinks is None else self.sinks[0].shape[2]
 
-    def _keep_sinks(self, keys, values):
-        """Keep the K/V of a chunk's tokens that are among the first ``sink_tokens``."""
-        take = min(self.sink_tokens - self._sink_count(), keys.shape[2])
-        if take <= 0:
+    def _keep_sinks(self, keys, values, start):
+        """Keep the K/V of a chunk's tokens (the first at position ``start``) that are
+        among the first ``sink_tokens`` and not kept yet. None past a gap: a sliding
+        window lets its sinks go once no query can see them (after measuring them)."""
+        skip = self._sink_count() - start
+        take = min(self.sink_tokens - self._sink_count(), keys.shape[2] - skip)
+        if skip < 0 or take <= 0:
             return
         # Copies: a slice would keep the whole chunk's K/V alive with it.
-        new = (mx.contiguous(keys[:, :, :take]), mx.contiguous(values[:, :, :take]))
+        new = tuple(mx.contiguous(a[:, :, skip : skip + take]) for a in (keys, values))
         self.sinks = (
             new
             if self.sinks is None
@@ -245,18 +263,29 @@ class _TurboCache:
             self._converted_sinks = (key, self.codec.exact(*self.sinks))
         return self._converted_sinks[1]
 
+    def _sinks_in(self, width):
+        """The sink tokens as TurboKV sinks over ``width`` stored tokens, or None."""
+        if self.sinks is None:
+            return None
+        # One sequence: its first tokens lead the cache.
+        return (*self._attention_sinks(), _leading_positions(self._sink_count()))
+
     def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
         """The TurboKV over ``stored``; ``exact_at`` (ring index) places a lone exact token
-        that is not last (a sliding window's ring), given as a sink."""
-        sinks = None
-        if self.sinks is not None:  # one sequence: its first tokens lead the cache
-            sinks = (*self._attention_sinks(), _leading_positions(self._sink_count()))
-        elif exact_at is not None:
-            sinks = (
-                exact_keys,
-                exact_values,
-                mx.array([exact_at])[None, None, :, None],
-            )
+        that is not last (a sliding window's newest), given as a sink unless it is one."""
+        sinks = self._sinks_in(stored[0].shape[2])
+        if exact_at is not None:
+            if self.offset > self._sink_count():  # else the sinks hold it already
+                newest = (
+                    exact_keys,
+                    exact_values,
+                    mx.array([exact_at])[None, None, :, None],
+                )
+                sinks = (
+                    newest
+                    if sinks is None
+                    else tuple(mx.concatenate(p, axis=2) for p in zip(sinks, newest))
+                )
             exact_keys = exact_values = None
         return TurboKV(
             self.codec, stored, exact_keys, exact_values, sinks, self.exact_window
@@ -369,7 +398,7 @@ class _TurboCache:
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset
             return out
-        view = self._update_compressed(*self._encode(keys, values))
+        view = self._update_compressed(*self._encode(keys, values, self.offset))
         return view, view
 
     def _stored_slice(self):
@@ -471,18 +500,56 @@ class TurboQuantRotatingKVCache(_TurboCache):
     Same ring-buffer semantics (``max_size``, ``keep``, temporal order on
     multi-token updates, in-place rotation on single tokens), applied to the
     compressed arrays; the array-generic helpers are mlx-lm's own.
-    """
 
-    sink_tokens = 0  # a window's first tokens leave it
+    The rule of the full caches holds here too: the key statistics are measured on
+    the first ``sink_tokens`` tokens, and each query reads itself and those of them
+    still in its window exactly, every other key compressed. Once no query can see
+    them any more (and no trim can bring them back), they are let go.
+    """
 
     def __init__(self, scheme, max_size, keep=0, **kwargs):
         super().__init__(scheme, **kwargs)
         self.max_size, self.keep = max_size, keep
         self._idx = 0
 
-    def _calibrate_on_first_chunk(self, keys):
-        # Without sink tokens the statistics come from the first chunk compressed.
-        self.codec.calibrate(mx.concatenate(keys, axis=2) if len(keys) > 1 else keys[0])
+    def _uncompressed_end(self):
+        # A window's uncompressed start ends, at the latest, before its ring lets its
+        # first token go: the sink tokens are taken from the history when it ends.
+        return min(self.uncompressed_start, self.max_size + 1)
+
+    def _sinks_in(self, width):
+        """The sink tokens the ring's ``width`` slots hold, at their ring indices: kept
+        slots hold the first ``keep`` tokens; the newest token sits at ``_idx - 1``
+        and older ones before it, wrapping within [keep, width) (also in temporal
+        order, where ``_idx`` is the width)."""
+        if self.sinks is None:
+            return None
+        region = width - self.keep
+        present, positions = [], []
+        for t in range(self._sink_count()):
+            age = self.offset - 1 - t
+            if t < self.keep:
+                present.append(t), positions.append(t)
+            elif age < region:
+                present.append(t)
+                positions.append(self.keep + (self._idx - 1 - self.keep - age) % region)
+        if not present:
+            return None
+        keys, values = self._attention_sinks()
+        if len(present) < self._sink_count():
+            index = mx.array(present)
+            keys, values = (mx.take(a, index, axis=2) for a in (keys, values))
+        return keys, values, mx.array(positions)[None, None, :, None]
+
+    def _let_go_of_sinks(self):
+        """Drop the sink tokens once no later query can see them: past the window
+        (nothing kept) and past trimming (is_trimmable), so measured long ago."""
+        if (
+            self.sinks is not None
+            and self.keep == 0
+            and self.offset >= self.max_size + self.sink_tokens
+        ):
+            self.sinks, self._converted_sinks = None, None
 
     _temporal_order = RotatingKVCache._temporal_order
     _trim = RotatingKVCache._trim
@@ -541,8 +608,11 @@ class TurboQuantRotatingKVCache(_TurboCache):
         if exact_keys.shape[2] == 1:
             # Like RotatingKVCache: the whole ring in ring order, new token included.
             ring = self._update_in_place(stored)
-            return self._view(ring, exact_keys, exact_values, exact_at=self._idx - 1)
-        return self._view(self._update_concat(stored), exact_keys, exact_values)
+            view = self._view(ring, exact_keys, exact_values, exact_at=self._idx - 1)
+        else:
+            view = self._view(self._update_concat(stored), exact_keys, exact_values)
+        self._let_go_of_sinks()
+        return view
 
     def size(self):
         return min(self.offset, self.max_size)
