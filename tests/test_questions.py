@@ -226,3 +226,32 @@ def test_exact_layers_beyond_the_model(tiny_model, two_questions, capsys):
     )
     assert status == 2
     assert "--exact-layers names entries beyond" in capsys.readouterr().err
+
+
+def test_explain_measures_where_an_answer_turned_wrong(
+    tiny_model, two_questions, tmp_path
+):
+    """Accept only fp16's own answers, so every answer that differs turns wrong; the
+    forced-prefix logit gap must then favour fp16's token with the fp16 cache and the
+    scheme's token with the cache as run (the step greedy decoding took)."""
+    model = str(tiny_model("llama"))
+    first = run(model, two_questions, tmp_path)
+    items = [
+        {"question": r["question"], "answers": [r["reference"]["text"]]}
+        for r in first["results"]
+    ]
+    own = write_questions(tmp_path / "own.json", items)
+    record = run(model, own, tmp_path, "--explain", "--explain-group", "4")
+    wrong = [
+        (r["question"], name)
+        for r in record["results"]
+        for name, a in r["schemes"].items()
+        if not a["correct"]
+    ]
+    assert wrong, "turbo2 on a random model should change some answer"
+    assert [(e["question"], e["scheme"]) for e in record["explained"]] == wrong
+    for e in record["explained"]:
+        gaps = e["gaps"]
+        assert list(gaps)[:2] == ["fp16", "as run"]
+        assert {"L0-3 exact", "L4-5 exact", "only L4-5 turbo", "sinks 64"} <= set(gaps)
+        assert gaps["fp16"] > 0 > gaps["as run"]

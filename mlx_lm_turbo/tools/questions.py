@@ -84,8 +84,9 @@ def leading_equal(reference, other):
     return n
 
 
-def ask(model, tokenizer, question, cache, max_tokens):
-    """Greedy answer to one question: (text, token ids)."""
+def prompt_tokens(tokenizer, question):
+    """The question through the chat template, tokenized as ``stream_generate`` does a
+    text prompt."""
     prompt = question
     if tokenizer.chat_template is not None:
         prompt = tokenizer.apply_chat_template(
@@ -93,9 +94,21 @@ def ask(model, tokenizer, question, cache, max_tokens):
             add_generation_prompt=True,
             tokenize=False,
         )
+    bos = tokenizer.bos_token
+    return tokenizer.encode(
+        prompt, add_special_tokens=bos is None or not prompt.startswith(bos)
+    )
+
+
+def ask(model, tokenizer, question, cache, max_tokens):
+    """Greedy answer to one question: (text, token ids)."""
     text, tokens = "", []
     for part in stream_generate(
-        model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
+        model,
+        tokenizer,
+        prompt_tokens(tokenizer, question),
+        max_tokens=max_tokens,
+        prompt_cache=cache,
     ):
         text += part.text
         tokens.append(part.token)
@@ -137,7 +150,11 @@ def run_questions(model, tokenizer, questions, schemes, args):
         )
         row = {
             **item,
-            "reference": {"text": text, "correct": is_correct(text, item["answers"])},
+            "reference": {
+                "text": text,
+                "correct": is_correct(text, item["answers"]),
+                "tokens": tokens,
+            },
             "schemes": {},
         }
         marks = [f"fp16 {'ok' if row['reference']['correct'] else 'WRONG'}"]
@@ -155,6 +172,7 @@ def run_questions(model, tokenizer, questions, schemes, args):
                 "identical": answer_tokens == tokens,
                 "leading_tokens_equal": leading_equal(tokens, answer_tokens),
                 "reference_tokens": len(tokens),
+                "tokens": answer_tokens,
             }
             r = row["schemes"][scheme.name]
             mark = "same" if r["identical"] else ("ok" if r["correct"] else "WRONG")
@@ -163,6 +181,89 @@ def run_questions(model, tokenizer, questions, schemes, args):
         results.append(row)
         mx.clear_cache()
     return results
+
+
+def logit_gap(model, ids, cache, ours, theirs):
+    """Logit of token ``ours`` minus that of ``theirs`` for the token after ``ids``.
+
+    The ids go in as one chunk and then the last one: a turbo cache reads every key
+    but a query's own and the sink tokens compressed, whatever the chunking, so this
+    is the step greedy decoding took (up to rounding)."""
+    x = mx.array(ids)[None]
+    model(x[:, :-1], cache=cache)
+    logits = model(x[:, -1:], cache=cache)[0, -1].astype(mx.float32)
+    return (logits[ours] - logits[theirs]).item()
+
+
+def explain_variants(n_caches, args, group):
+    """(label, options) of the caches an answer flip is measured with: as run, each
+    group of ``group`` cache entries exact, only that group compressed, and other
+    boundary/sink settings."""
+
+    def changed(**options):
+        return argparse.Namespace(**{**vars(args), **options})
+
+    groups = [range(i, min(i + group, n_caches)) for i in range(0, n_caches, group)]
+    return [
+        ("as run", args),
+        *(
+            (
+                f"L{g[0]}-{g[-1]} exact",
+                changed(exact_layers=sorted({*args.exact_layers, *g})),
+            )
+            for g in groups
+        ),
+        *(
+            (
+                f"only L{g[0]}-{g[-1]} turbo",
+                changed(exact_layers=[i for i in range(n_caches) if i not in g]),
+            )
+            for g in groups
+        ),
+        ("boundary 0", changed(boundary_skip=0)),
+        ("boundary 4", changed(boundary_skip=4)),
+        ("sinks 0", changed(sink_tokens=0)),
+        ("sinks 64", changed(sink_tokens=64)),
+    ]
+
+
+def explain(model, tokenizer, results, schemes, args):
+    """Where each answer that turned wrong left fp16's: the logit gap between fp16's
+    token and the scheme's there (> 0: fp16's token wins), under each cache variant."""
+    eos = tokenizer.eos_token_id
+    n_caches = len(mlx_make_prompt_cache(model))
+    flips = [
+        (row, scheme)
+        for row in results
+        for scheme in schemes
+        if row["reference"]["correct"] and not row["schemes"][scheme.name]["correct"]
+    ]
+    explained = []
+    for n, (row, scheme) in enumerate(flips, 1):
+        answer = row["schemes"][scheme.name]
+        ref, got = row["reference"]["tokens"], answer["tokens"]
+        at = answer["leading_tokens_equal"]
+        ours = ref[at] if at < len(ref) else eos
+        theirs = got[at] if at < len(got) else eos
+        ids = prompt_tokens(tokenizer, row["question"]) + ref[:at]
+        gaps = {
+            "fp16": logit_gap(model, ids, build_cache(model, None, args), ours, theirs)
+        }
+        for label, options in explain_variants(n_caches, args, args.explain_group):
+            cache = build_cache(model, scheme, options)
+            gaps[label] = logit_gap(model, ids, cache, ours, theirs)
+        explained.append(
+            {
+                "question": row["question"],
+                "scheme": scheme.name,
+                "at_token": at,
+                "fp16_token": tokenizer.decode([ours]),
+                "scheme_token": tokenizer.decode([theirs]),
+                "gaps": gaps,
+            }
+        )
+        say(f"explained {n}/{len(flips)}: {row['question']!r} with {scheme.name}")
+    return explained
 
 
 def summarize(results, schemes):
@@ -227,6 +328,23 @@ def report(record, show):
             lines.append(
                 f"- ... {len(differing) - show} more (all answers: --out FILE)"
             )
+    for e in record.get("explained", []):
+        if e is record["explained"][0]:
+            lines += [
+                "",
+                "### Why answers turned wrong",
+                "Logit of fp16's token minus the scheme's token where the answers part, "
+                "the same prefix forced (> 0: fp16's token wins; Lx-y: cache entries):",
+            ]
+        lines += [
+            "",
+            f"{e['scheme']}, {e['question']!r}, answer token {e['at_token']}: "
+            f"fp16 {e['fp16_token']!r}, {e['scheme']} {e['scheme_token']!r}",
+            "",
+            "| " + " | ".join(e["gaps"]) + " |",
+            "|" + "---:|" * len(e["gaps"]),
+            "| " + " | ".join(f"{g:+.2f}" for g in e["gaps"].values()) + " |",
+        ]
     return "\n".join(lines)
 
 
@@ -317,6 +435,19 @@ def main(argv=None):
         metavar="I,J,...",
         help="cache entries given mlx-lm's uncompressed cache instead of a turbo one",
     )
+    measure.add_argument(
+        "--explain",
+        action="store_true",
+        help="for each answer that turned wrong, the logit gap where it left fp16's "
+        "under other cache variants (layer groups exact, boundary, sinks)",
+    )
+    measure.add_argument(
+        "--explain-group",
+        type=int,
+        default=5,
+        metavar="N",
+        help="cache entries per layer group in --explain (default: 5)",
+    )
     args = parser.parse_args(argv)
     try:
         schemes = [parse_scheme(s) for s in args.schemes]
@@ -332,6 +463,8 @@ def main(argv=None):
         parser.error(f"--show must be >= 0, got {args.show}.")
     if args.boundary_skip < 0:
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
+    if args.explain_group < 1:
+        parser.error(f"--explain-group must be at least 1, got {args.explain_group}.")
     if args.sink_tokens is not None and args.sink_tokens < 0:
         parser.error(f"--sink-tokens must be >= 0, got {args.sink_tokens}.")
     questions = load_questions(args.questions)
@@ -358,13 +491,14 @@ def main(argv=None):
     say(
         f"{len(questions)} questions, uncompressed and {' '.join(s.name for s in schemes)}"
     )
+    # Taken before the run: the code that runs is the code checked out now.
+    started = datetime.datetime.now(datetime.timezone.utc)
+    commit = _commit()
     results = run_questions(model, tokenizer, questions, schemes, args)
     record = {
         "command": " ".join(["mlx-lm-turbo questions", *(argv or sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M UTC"
-        ),
-        "commit": _commit(),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
         "model": args.model,
         "reference_cache": reference_cache,
         "options": {
@@ -377,6 +511,8 @@ def main(argv=None):
         "summary": summarize(results, schemes),
         "results": results,
     }
+    if args.explain:
+        record["explained"] = explain(model, tokenizer, results, schemes, args)
     print(report(record, args.show))
     if args.out:
         Path(args.out).write_text(
