@@ -252,6 +252,6 @@ def test_explain_measures_where_an_answer_turned_wrong(
     assert [(e["question"], e["scheme"]) for e in record["explained"]] == wrong
     for e in record["explained"]:
         gaps = e["gaps"]
-        assert list(gaps)[:2] == ["fp16", "as run"]
+        assert list(gaps)[:2] == ["uncompressed", "as run"]
         assert {"L0-3 exact", "L4-5 exact", "only L4-5 turbo", "sinks 64"} <= set(gaps)
-        assert gaps["fp16"] > 0 > gaps["as run"]
+        assert gaps["uncompressed"] > 0 > gaps["as run"]

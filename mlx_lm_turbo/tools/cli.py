@@ -14,7 +14,7 @@ COMMANDS = {
     ),
     "questions": (
         "mlx_lm_turbo.tools.questions",
-        "short factual questions: do TurboQuant caches keep fp16's answers?",
+        "short factual questions: do TurboQuant caches keep the answers?",
     ),
     "doctor": (
         "mlx_lm_turbo.tools.doctor",

@@ -157,7 +157,7 @@ def run_questions(model, tokenizer, questions, schemes, args):
             },
             "schemes": {},
         }
-        marks = [f"fp16 {'ok' if row['reference']['correct'] else 'WRONG'}"]
+        marks = [f"uncompressed {'ok' if row['reference']['correct'] else 'WRONG'}"]
         for scheme in schemes:
             answer, answer_tokens = ask(
                 model,
@@ -228,8 +228,9 @@ def explain_variants(n_caches, args, group):
 
 
 def explain(model, tokenizer, results, schemes, args):
-    """Where each answer that turned wrong left fp16's: the logit gap between fp16's
-    token and the scheme's there (> 0: fp16's token wins), under each cache variant."""
+    """Where each answer that turned wrong left the uncompressed cache's: the logit gap
+    between the uncompressed answer's token and the scheme's there (> 0: the
+    uncompressed answer's token wins), under each cache variant."""
     eos = tokenizer.eos_token_id
     n_caches = len(mlx_make_prompt_cache(model))
     flips = [
@@ -247,7 +248,9 @@ def explain(model, tokenizer, results, schemes, args):
         theirs = got[at] if at < len(got) else eos
         ids = prompt_tokens(tokenizer, row["question"]) + ref[:at]
         gaps = {
-            "fp16": logit_gap(model, ids, build_cache(model, None, args), ours, theirs)
+            "uncompressed": logit_gap(
+                model, ids, build_cache(model, None, args), ours, theirs
+            )
         }
         for label, options in explain_variants(n_caches, args, args.explain_group):
             cache = build_cache(model, scheme, options)
@@ -257,7 +260,7 @@ def explain(model, tokenizer, results, schemes, args):
                 "question": row["question"],
                 "scheme": scheme.name,
                 "at_token": at,
-                "fp16_token": tokenizer.decode([ours]),
+                "reference_token": tokenizer.decode([ours]),
                 "scheme_token": tokenizer.decode([theirs]),
                 "gaps": gaps,
             }
@@ -314,14 +317,14 @@ def report(record, show):
         differing.sort(key=lambda r: r["schemes"][name]["correct"])
         lines += [
             "",
-            f"### {name}: {len(differing)} of {len(kept)} answers differ from fp16",
+            f"### {name}: {len(differing)} of {len(kept)} answers differ from the uncompressed cache's",
         ]
         for r in differing[:show]:
             a = r["schemes"][name]
             lines += [
                 f"- {r['question']!r} ({'correct' if a['correct'] else 'WRONG'}, "
                 f"{a['leading_tokens_equal']} leading tokens equal)",
-                f"  - fp16: {r['reference']['text']!r}",
+                f"  - uncompressed: {r['reference']['text']!r}",
                 f"  - {name}: {a['text']!r}",
             ]
         if len(differing) > show:
@@ -333,13 +336,14 @@ def report(record, show):
             lines += [
                 "",
                 "### Why answers turned wrong",
-                "Logit of fp16's token minus the scheme's token where the answers part, "
-                "the same prefix forced (> 0: fp16's token wins; Lx-y: cache entries):",
+                "Logit of the uncompressed answer's token minus the scheme's where the answers "
+                "part, the same prefix forced (> 0: the uncompressed answer's token wins; "
+                "Lx-y: cache entries):",
             ]
         lines += [
             "",
             f"{e['scheme']}, {e['question']!r}, answer token {e['at_token']}: "
-            f"fp16 {e['fp16_token']!r}, {e['scheme']} {e['scheme_token']!r}",
+            f"uncompressed {e['reference_token']!r}, {e['scheme']} {e['scheme_token']!r}",
             "",
             "| " + " | ".join(e["gaps"]) + " |",
             "|" + "---:|" * len(e["gaps"]),
@@ -389,7 +393,7 @@ def main(argv=None):
         "--schemes",
         nargs="+",
         default=list(DEFAULT_SCHEMES),
-        help=f"TurboQuant schemes to compare with fp16 (default: {' '.join(DEFAULT_SCHEMES)})",
+        help=f"TurboQuant schemes to compare with the uncompressed cache (default: {' '.join(DEFAULT_SCHEMES)})",
     )
     parser.add_argument(
         "--questions",
@@ -438,7 +442,7 @@ def main(argv=None):
     measure.add_argument(
         "--explain",
         action="store_true",
-        help="for each answer that turned wrong, the logit gap where it left fp16's "
+        help="for each answer that turned wrong, the logit gap where it left the uncompressed one "
         "under other cache variants (layer groups exact, boundary, sinks)",
     )
     measure.add_argument(
@@ -455,7 +459,7 @@ def main(argv=None):
         parser.error(f"--schemes: {error}")
     if None in schemes:
         parser.error(
-            "--schemes lists TurboQuant schemes to compare with fp16; drop 'none'."
+            "--schemes lists TurboQuant schemes to compare with the uncompressed cache; drop 'none'."
         )
     if args.max_tokens < 1:
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
