@@ -1,4 +1,4 @@
-"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,bench,doctor} [...]``."""
+"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,bench,questions,doctor} [...]``."""
 
 import os
 import sys
@@ -12,6 +12,10 @@ COMMANDS = {
         "mlx_lm_turbo.tools.bench",
         "quality, memory and speed of KV caches on a real model",
     ),
+    "questions": (
+        "mlx_lm_turbo.tools.questions",
+        "short factual questions: do TurboQuant caches keep the answers?",
+    ),
     "doctor": (
         "mlx_lm_turbo.tools.doctor",
         "is the plugin attached, which adapters exist, what a model would get",
@@ -22,7 +26,7 @@ USAGE = "\n".join(
         f"usage: mlx-lm-turbo {{{','.join(COMMANDS)}}} [options]",
         "",
         "commands:",
-        *(f"  {name:<8}{about}" for name, (_, about) in COMMANDS.items()),
+        *(f"  {name:<11}{about}" for name, (_, about) in COMMANDS.items()),
         "",
         "mlx-lm-turbo COMMAND -h shows a command's options. TurboQuant itself runs inside mlx-lm's",
         "own commands: mlx_lm.generate --kv-scheme turbo4 (also chat, server, cache_prompt, ...).",
