@@ -247,11 +247,6 @@ def dequantize(kind, shape, raw):
 # ---- llama files ---------------------------------------------------------------------
 
 
-def _scalar(meta, key, default=None):
-    value = meta.get(key, default)
-    return value.item() if isinstance(value, mx.array) else value
-
-
 def _tensor_name(name, names):
     if name.startswith("token_embd."):
         return "model.embed_tokens." + name.split(".", 1)[1]
@@ -264,8 +259,8 @@ def _tensor_name(name, names):
 
 
 def _llama_config(meta, weights):
-    n_heads = _scalar(meta, "llama.attention.head_count")
-    hidden = _scalar(meta, "llama.embedding_length")
+    n_heads = meta.get("llama.attention.head_count")
+    hidden = meta.get("llama.embedding_length")
     packed, scales = (
         weights["model.embed_tokens.weight"],
         weights.get("model.embed_tokens.scales"),
@@ -273,19 +268,19 @@ def _llama_config(meta, weights):
     config = {
         "model_type": "llama",
         "hidden_size": hidden,
-        "num_hidden_layers": _scalar(meta, "llama.block_count"),
-        "intermediate_size": _scalar(meta, "llama.feed_forward_length"),
+        "num_hidden_layers": meta.get("llama.block_count"),
+        "intermediate_size": meta.get("llama.feed_forward_length"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": _scalar(meta, "llama.attention.head_count_kv", n_heads),
-        "rms_norm_eps": _scalar(meta, "llama.attention.layer_norm_rms_epsilon"),
+        "num_key_value_heads": meta.get("llama.attention.head_count_kv", n_heads),
+        "rms_norm_eps": meta.get("llama.attention.layer_norm_rms_epsilon"),
         "vocab_size": packed.shape[0],
-        "max_position_embeddings": _scalar(meta, "llama.context_length"),
-        "rope_theta": _scalar(meta, "llama.rope.freq_base", 10000.0),
+        "max_position_embeddings": meta.get("llama.context_length"),
+        "rope_theta": meta.get("llama.rope.freq_base", 10000.0),
         # GGUF stores q/k projections permuted for interleaved ("traditional") RoPE.
         "rope_traditional": True,
         "tie_word_embeddings": "lm_head.weight" not in weights,
-        "bos_token_id": _scalar(meta, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _scalar(meta, "tokenizer.ggml.eos_token_id"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
     if scales is not None:
         bits = packed.shape[1] * 32 // hidden
@@ -423,7 +418,7 @@ def _write_tokenizer_config(meta, out_dir):
     tokens = meta["tokenizer.ggml.tokens"]
 
     def token(key):
-        value = _scalar(meta, key)
+        value = meta.get(key)
         return tokens[value] if value is not None else None
 
     arch = meta["general.architecture"]
@@ -433,9 +428,9 @@ def _write_tokenizer_config(meta, out_dir):
         "eos_token": token("tokenizer.ggml.eos_token_id"),
         "pad_token": token("tokenizer.ggml.padding_token_id"),
         "unk_token": token("tokenizer.ggml.unknown_token_id"),
-        "add_bos_token": bool(_scalar(meta, "tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
         "chat_template": meta.get("tokenizer.chat_template"),
-        "model_max_length": _scalar(meta, f"{arch}.context_length"),
+        "model_max_length": meta.get(f"{arch}.context_length"),
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
