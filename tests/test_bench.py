@@ -134,3 +134,17 @@ def test_without_matplotlib_no_plots_are_claimed(tmp_path, monkeypatch, capsys):
         "no plots" in err and f"wrote results.json and results.md in {tmp_path}" in err
     )
     assert "png" not in err and not list(tmp_path.glob("*.png"))
+
+
+def test_bits_per_value_counts_the_tokens_a_sliding_window_holds(tiny_model):
+    # A window holds at most max_size tokens: dividing its bytes by every token seen
+    # would report fewer bits than the scheme stores.
+    model, _ = load(str(tiny_model("gpt_oss")))
+    kind = bench.CacheKind("turbo4", boundary_skip=0)
+    cache = kind.make(model)
+    model(mx.arange(100)[None] % 50, cache=cache)
+    for t in range(4):  # single tokens: the ring is back to its size
+        model(mx.array([[t]]), cache=cache)
+    windows = [c for c in cache if getattr(c, "max_size", None)]
+    assert windows and all(c.offset > c.max_size for c in windows)
+    assert kind.bits_per_value(cache, 16) == pytest.approx(4.25, abs=0.01)

@@ -117,8 +117,8 @@ class CacheKind:
             if hasattr(c, "codec"):
                 arrays = c._stored_slice()
                 stored += sum(a.nbytes for a in arrays)
-                values += (
-                    c.offset
+                values += (  # the tokens held: a sliding window holds at most its size
+                    arrays[0].shape[2]
                     * arrays[0].shape[0]
                     * c.codec.n_kv_heads
                     * (c.codec.key_dim + c.codec.value_dim)

@@ -55,7 +55,8 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", help="mlx-lm model directory (default: the embedded demo model)"
+        "--model",
+        help="mlx-lm model directory, or gemma3 (default: the embedded demo model)",
     )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument(
@@ -90,10 +91,9 @@ def main(argv=None):
     if args.boundary_skip < 0:
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
 
-    if args.model is None:
-        from .gguf import demo_model_path
+    from .gguf import resolve_model
 
-        args.model = str(demo_model_path())
+    args.model = resolve_model(args.model)  # a directory, or a known model's name
     model, tokenizer = load_model(args.model)
     for scheme in schemes:  # a refused model or scheme fails before anything runs
         plan(model, scheme, boundary_skip=args.boundary_skip, model_path=args.model)
