@@ -1,6 +1,8 @@
 """Compressed caches under mx.distributed (issue 15): a pipeline rank plans by the
 model's layer numbers, as one process does."""
 
+import socket
+import time
 from dataclasses import replace
 
 import mlx.core as mx
@@ -345,3 +347,83 @@ def test_a_heads_codes_do_not_depend_on_the_heads_sharing_its_cache(scheme):
             one.codec.key_mean, whole.codec.key_mean[:, head : head + 1]
         )
         assert mx.array_equal(one.sinks[0], whole.sinks[0][:, head : head + 1])
+
+
+@pytest.mark.slow
+def test_a_two_rank_tensor_server_batches_turbo4_requests(
+    tiny_model, tiny_tokenizer_dir, tmp_path
+):
+    """mlx.launch -n 2 ... mlx_lm.server --kv-scheme turbo4 (a tensor group): concurrent
+    requests are served in one batch, each answer is the one the same server gives the
+    request alone, and rank 0 alone prints the notice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from pathlib import Path
+
+    from test_cli import BIN, _free_port
+    from test_server import Server, chat, text_of
+
+    model_dir = shardable_model_dir(
+        "llama", tiny_model, Path(tiny_tokenizer_dir), tmp_path
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+    env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
+    server = Server.__new__(Server)  # its client half; started under mlx.launch here
+    server.port = _free_port()
+    server.process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlx.launch"),
+            *("-n", "2", "--backend", "ring", "--hosts", "127.0.0.1"),
+            *("--starting-port", str(free_port_pair()), "--"),
+            *(str(BIN / "mlx_lm.server"), "--model", str(model_dir)),
+            *("--port", str(server.port), "--kv-scheme", "turbo4"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,  # the launcher and both ranks, stopped together
+    )
+    requests = [
+        chat(f"tell me about {w}" + " please" * i) for i, w in enumerate("abcd")
+    ]
+    batched, errors = {}, []
+
+    def client(i):
+        try:
+            batched[i] = text_of(server.ask("/v1/chat/completions", requests[i]))
+        except Exception as error:  # collected, asserted below
+            errors.append(repr(error))
+
+    try:
+        deadline = time.time() + 90
+        while True:  # ready once rank 0 accepts connections
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+                break
+            except OSError:
+                assert server.process.poll() is None, "the launcher exited"
+                assert time.time() < deadline, "the server did not start"
+                time.sleep(0.3)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        alone = [text_of(server.ask("/v1/chat/completions", r)) for r in requests]
+    finally:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        log = server.process.communicate(timeout=30)[1]
+    assert not errors, errors[:2] + [log[-2000:]]
+    assert [batched[i] for i in range(4)] == alone
+    batch_sizes = [
+        int(line.split("batching ")[1].split()[0])
+        for line in log.splitlines()
+        if "batching " in line
+    ]
+    assert batch_sizes and max(batch_sizes) >= 2, log[-2000:]
+    assert log.count("[mlx-lm-turbo] llama: KV caches") == 1, log[-2000:]
