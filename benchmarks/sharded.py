@@ -149,6 +149,9 @@ def run(args):
     rank, size = group.rank(), group.size()
     model_dir = Path(args.model or demo_model_path())
     if args.as_qwen2:
+        if rank == 0:
+            qwen2_copy(model_dir, Path(args.out).parent)
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))  # written
         model_dir = qwen2_copy(model_dir, Path(args.out).parent)
     if size > 1:
         groups = {f"{args.sharding}_group": group}
