@@ -31,7 +31,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
-from mlx_lm.utils import sharded_load
+from mlx_lm.utils import load_tokenizer, sharded_load
 
 from mlx_lm_turbo import make_prompt_cache
 from mlx_lm_turbo.codec.packing import unpack
@@ -148,6 +148,8 @@ def run(args):
     group = mx.distributed.init()
     rank, size = group.rank(), group.size()
     model_dir = Path(args.model or demo_model_path())
+    # One tokenization for every run (a qwen2 copy's tokenizer splits this text otherwise).
+    tokenizer = load_tokenizer(model_dir)
     if args.as_qwen2:
         if rank == 0:
             qwen2_copy(model_dir, Path(args.out).parent)
@@ -155,9 +157,9 @@ def run(args):
         model_dir = qwen2_copy(model_dir, Path(args.out).parent)
     if size > 1:
         groups = {f"{args.sharding}_group": group}
-        model, tokenizer = sharded_load(str(model_dir), **groups)
+        model, _ = sharded_load(str(model_dir), **groups)
     else:
-        model, tokenizer = load(str(model_dir))
+        model, _ = load(str(model_dir))
     if args.split_sums:
         wrap_reductions(model, lambda linear, i: SplitSums(linear, args.split_sums))
     if args.noise:
