@@ -289,7 +289,11 @@ def report(args):
             for s in schemes
         ]
         lines.append(f"| {name} | {len(ranks)} | " + " | ".join(cells) + " |")
-    lines += ["", "KL of each scheme against fp16 (`none`) in the same run:", ""]
+    lines += [
+        "",
+        "KL of each scheme against the uncompressed cache (`none`) in the same run:",
+        "",
+    ]
     lines += [
         "| run | " + " | ".join(schemes[1:]) + " |",
         "|---|" + "---:|" * (len(schemes) - 1),
@@ -304,7 +308,7 @@ def report(args):
     lines += [
         "",
         f"Per layer, against `{reference}`: for `none` the relative RMS difference of "
-        "the fp16 keys, for a scheme the fraction of key codes that differ (tokens 16 on; "
+        "the float keys, for a scheme the fraction of key codes that differ (tokens 16 on; "
         "the first 16 are kept exact).",
         "",
         "| run | scheme | " + " | ".join(str(i) for i in range(n_layers)) + " |",
