@@ -66,6 +66,22 @@ def qwen2_copy(model_dir: Path, root: Path) -> Path:
     return out
 
 
+class Float32Embedding(nn.Module):
+    """The embedding with a float32 output: the demo checkpoint's fp16 embedding feeds
+    float32 layers, and a pipeline rank receives shaped like its own embedding output
+    (``recv_like``), so the sender's float32 arrived as fp16 and read as NaN."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def __call__(self, x):
+        return self.embedding(x).astype(mx.float32)
+
+    def as_linear(self, x):
+        return self.embedding.as_linear(x)
+
+
 class SplitSums(nn.Module):
     """A row-sharded QuantizedLinear's arithmetic in one process: ``shards`` partial
     products over slices of the input, summed in the activation dtype (as all_sum does)."""
@@ -160,6 +176,8 @@ def run(args):
         model, _ = sharded_load(str(model_dir), **groups)
     else:
         model, _ = load(str(model_dir))
+    if args.as_qwen2:
+        model.model.embed_tokens = Float32Embedding(model.model.embed_tokens)
     if args.split_sums:
         wrap_reductions(model, lambda linear, i: SplitSums(linear, args.split_sums))
     if args.noise:
