@@ -6,6 +6,7 @@ import json
 import pytest
 from test_gguf_and_demo import exit_status
 
+from mlx_lm_turbo import parse_scheme
 from mlx_lm_turbo.tools import questions
 
 SCHEMES = ["turbo4", "turbo2"]
@@ -114,7 +115,7 @@ def test_counts_and_report(monkeypatch, capsys):
     class Args:
         max_tokens = 4
 
-    scheme = questions.parse_scheme("turbo4")
+    scheme = parse_scheme("turbo4")
     results = questions.run_questions(None, None, items, [scheme], Args)
     summary = questions.summarize(results, [scheme])
     assert summary["turbo4"] == {

@@ -13,9 +13,9 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
-from ..codec.schemes import parse_scheme
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
+from . import compared_schemes
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
@@ -76,16 +76,7 @@ def main(argv=None):
         "--no-chat-template", action="store_true", help="use the prompt as is"
     )
     args = parser.parse_args(argv)
-    try:
-        schemes = [
-            parse_scheme(s) for s in args.schemes
-        ]  # bad names fail here, before loading
-    except ValueError as error:
-        parser.error(f"--schemes: {error}")
-    if None in schemes:
-        parser.error(
-            "--schemes lists TurboQuant schemes to compare with fp16; drop 'none'."
-        )
+    schemes = compared_schemes(parser, args.schemes, "fp16")
     if args.max_tokens < 1:
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     if args.boundary_skip < 0:

@@ -24,10 +24,10 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..codec.codec import KEY_CALIBRATIONS
-from ..codec.schemes import parse_scheme
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
+from . import compared_schemes
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"
 DEFAULT_SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo8")
@@ -453,14 +453,7 @@ def main(argv=None):
         help="cache entries per layer group in --explain (default: 5)",
     )
     args = parser.parse_args(argv)
-    try:
-        schemes = [parse_scheme(s) for s in args.schemes]
-    except ValueError as error:
-        parser.error(f"--schemes: {error}")
-    if None in schemes:
-        parser.error(
-            "--schemes lists TurboQuant schemes to compare with the uncompressed cache; drop 'none'."
-        )
+    schemes = compared_schemes(parser, args.schemes, "the uncompressed cache")
     if args.max_tokens < 1:
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     if args.show < 0:
