@@ -21,13 +21,12 @@ from mlx_lm.models.cache import (
     dynamic_roll,
 )
 
-from ..codec.codec import TurboCodec
 from .cache import (
     TurboQuantKVCache,
     TurboQuantRotatingKVCache,
     _check_keys_values,
-    _install_attention_dispatch,
     encode,
+    new_codec,
 )
 from .view import TurboKV
 
@@ -133,15 +132,7 @@ class _BatchStatistics:
 
     def _ensure_codec(self, keys, values):
         if self.codec is None:
-            _install_attention_dispatch()
-            self.codec = TurboCodec.for_keys(
-                self.scheme,
-                keys,
-                values,
-                seed=self.seed,
-                layer=self.layer,
-                key_calibration=self.key_calibration,
-            )
+            self.codec = new_codec(self, keys, values)
 
     def _set_row_statistics(self, rows, mean, scale):
         """Rows where ``rows`` (host bools) take ``mean``/``scale`` (None: the neutral ones)."""

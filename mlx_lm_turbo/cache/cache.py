@@ -94,6 +94,20 @@ def _install_attention_dispatch():
     install_attention_dispatch()
 
 
+def new_codec(cache, keys, values):
+    """A codec for ``cache``'s scheme, seed, layer and key calibration, sized by these keys
+    and values; mlx-lm's attention is routed here first (_install_attention_dispatch)."""
+    _install_attention_dispatch()
+    return TurboCodec.for_keys(
+        cache.scheme,
+        keys,
+        values,
+        seed=cache.seed,
+        layer=cache.layer,
+        key_calibration=cache.key_calibration,
+    )
+
+
 def encode(codec, keys, values):
     """``codec.encode(keys, values)``, by the fused kernel where it runs (one launch
     instead of some twenty small ops, each costing tens of microseconds on a GPU)."""
@@ -197,15 +211,7 @@ class _TurboCache:
         )
         keys = incoming_keys if incoming_keys is not None else history[0]
         values = incoming_values if incoming_values is not None else history[1]
-        _install_attention_dispatch()
-        self.codec = TurboCodec.for_keys(
-            self.scheme,
-            keys,
-            values,
-            seed=self.seed,
-            layer=self.layer,
-            key_calibration=self.key_calibration,
-        )
+        self.codec = new_codec(self, keys, values)
         self.uncompressed = None
         if history is not None:
             self._store_history(
