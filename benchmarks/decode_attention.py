@@ -20,9 +20,12 @@ the portable path where the fused kernel would run, in the same run).
 """
 
 import argparse
+import cProfile
 import datetime
+import io
 import os
 import platform
+import pstats
 import subprocess
 import time
 
@@ -90,6 +93,17 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
         building / steps,
         mx.get_peak_memory() - before,
     )
+
+
+def host_profile(caches, args, steps=32):
+    """cProfile's top entries over building and running ``steps`` decode steps."""
+    profile = cProfile.Profile()
+    profile.enable()
+    decode_steps(caches, steps, args.q_heads, args.kv_heads, args.head_dim)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+    return text.getvalue().strip()
 
 
 def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
@@ -167,6 +181,11 @@ def main():
         default=[],
         help="decode key-block sizes to compare (default: the library's)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the host side of each cache's steps at the last context",
+    )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     install_attention_dispatch()
@@ -192,6 +211,7 @@ def main():
             "peak MiB above caches | peak / cache |"
         )
         emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    profiles = []
     for context in args.contexts:
         fp16_seconds = None
         runs = [("fp16", None)] + [
@@ -208,6 +228,8 @@ def main():
             seconds, host, peak = decode_steps(
                 caches, args.steps, args.q_heads, args.kv_heads, args.head_dim
             )
+            if args.profile and context == args.contexts[-1]:
+                profiles.append((name, host_profile(caches, args)))
             size = cache_bytes(caches)
             fp16_seconds = fp16_seconds or seconds
             emit(
@@ -216,6 +238,15 @@ def main():
             )
             del caches
     attention.DECODE_BLOCK_TOKENS = default_block
+    for name, text in profiles:
+        emit()
+        emit(
+            f"Host profile, {name}, {args.contexts[-1]} tokens (cProfile, by own time)"
+        )
+        emit()
+        emit("```")
+        emit(text)
+        emit("```")
     if args.prefill:
         emit()
         emit(f"Prefill of {args.prefill} tokens in {args.chunk}-token chunks")

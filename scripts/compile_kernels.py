@@ -14,7 +14,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[1] / "mlx_lm_turbo" / "kernels"
 PRELUDE = """
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -105,19 +104,21 @@ def main():
         "--every", type=int, default=41, help="compile every n-th attention variant"
     )
     args = parser.parse_args()
-    header = (KERNELS / "common.cuh").read_text()
-    attention_body = (KERNELS / "decode_attention.cu").read_text()
     from mlx_lm_turbo.kernels.decode_attention import INPUTS
+    from mlx_lm_turbo.kernels.dispatch import source
+
+    header = source("common.cuh")
+    attention_body = source("decode_attention.cu")
 
     units = []
     variants = list(attention_variants())
     for dtype, template in variants[:: args.every]:
         types = {
             "q": dtype,
-            "key_codes": "uint32" if dict(template)["KB"] else dtype,
-            "key_norms": "float16",
-            "value_codes": "uint32",
-            "value_norms": "float16",
+            "keys": dtype,
+            "rows": "uint32",
+            "counters": "uint32",
+            "previous": dtype,
             "sink_keys": dtype,
             "sink_values": dtype,
             "sink_pos": "int32",
@@ -136,7 +137,7 @@ def main():
                 template,
             )
         )
-    encode_body = (KERNELS / "encode.cu").read_text()
+    encode_body = source("encode.cu")
     for dtype, D, (KB, VB) in list(
         itertools.product(
             ("float16", "float32"), (64, 128, 256), ((4, 4), (3, 3), (2, 8), (0, 4))
@@ -161,14 +162,7 @@ def main():
                         "v_levels",
                     )
                 ],
-                [
-                    ("key_codes", "uint32"),
-                    ("key_norms", "float16"),
-                    ("value_codes", "uint32"),
-                    ("value_norms", "float16"),
-                    ("exact_keys", dtype),
-                    ("exact_values", dtype),
-                ],
+                [("rows", "uint32"), ("exact_keys", dtype), ("exact_values", dtype)],
                 [
                     ("T", dtype),
                     ("D", D),

@@ -284,15 +284,19 @@ def _set(entry, **fields):
 def _random_codes(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    arrays["2.5"] = mx.random.randint(
-        0, 2**31, arrays["2.5"].shape, key=mx.random.key(3)
-    ).astype(mx.uint32)
+    rows = arrays["2.5"]  # codes changed, the norms word (last) kept
+    codes = mx.random.randint(0, 2**31, rows.shape, key=mx.random.key(3))
+    arrays["2.5"] = mx.concatenate(
+        [codes[..., :-1].astype(mx.uint32), rows[..., -1:]], axis=-1
+    )
 
 
 def _nan_norms(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    arrays["2.8"] = mx.full(arrays["2.8"].shape, float("nan"), dtype=mx.float16)
+    rows = arrays["2.5"]  # the norms word: two fp16 NaNs
+    nan = mx.full((*rows.shape[:3], 1), 0x7E007E00, dtype=mx.uint32)
+    arrays["2.5"] = mx.concatenate([rows[..., :-1], nan], axis=-1)
 
 
 DAMAGE = {  # case: (saved file, edit, what the message says)
@@ -305,7 +309,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "codec key dim": (
         "turbo4",
         _set(2, codec_key_dim=64),
-        r"key-codes array has shape \(1, 2, \d+, 16\), expected \(1, 2, \d+, 8\)",
+        r"rows array has shape \(1, 2, \d+, 33\), expected \(1, 2, \d+, 25\)",
     ),
     "scheme vs codec": (
         "turbo4",
@@ -315,12 +319,12 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "scheme vs arrays": (
         "turbo4",
         _set(2, scheme="turbo3", codec_scheme="turbo3"),
-        r"expected \(1, 2, \d+, 12\)",
+        r"expected \(1, 2, \d+, 25\)",
     ),
-    "missing value codes": (
+    "missing rows": (
         "turbo4",
-        lambda arrays, *_: arrays.pop("1.7"),
-        "the value-codes array is missing",
+        lambda arrays, *_: arrays.pop("1.5"),
+        r"it stores 0 token arrays, but turbo4 stores 1 \(rows\)",
     ),
     "metadata not JSON": (
         "turbo4",
@@ -330,7 +334,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "NaN norms": (
         "turbo4",
         _nan_norms,
-        r"cache 2 \(TurboQuantKVCache\): the value-norms array holds NaN",
+        r"cache 2 \(TurboQuantKVCache\): the norms in the rows array holds NaN",
     ),
     "bad dtype": (
         "turbo4",

@@ -16,6 +16,7 @@ from test_cli import BIN
 
 import mlx_lm_turbo.codec.rotation as rotation
 from mlx_lm_turbo import make_prompt_cache
+from mlx_lm_turbo.attach.files import CHECKSUM_KEY
 from mlx_lm_turbo.cache.cache import FORMAT_VERSION
 from mlx_lm_turbo.errors import CacheFormatError, UsageError
 
@@ -67,10 +68,14 @@ def test_a_file_saved_by_0_1_0_is_refused_with_the_reason(name, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def with_meta_changed(source, target, change):
+def with_meta_changed(source, target, change, drop_checksum=False):
     """Copy a saved cache file with each layer's metadata (its state's first leaf, a string
-    stored as character codes) changed by ``change(meta)``."""
+    stored as character codes) changed by ``change(meta)`` (and without its checksum,
+    as an older version saved it)."""
     arrays, metadata = mx.load(str(source), return_metadata=True)
+    if drop_checksum:
+        (key,) = [k for k in metadata if k.endswith(CHECKSUM_KEY)]
+        metadata.pop(key)
     for layer in range(len([k for k in metadata if k.startswith("1.")])):
         meta = json.loads("".join(map(chr, arrays[f"{layer}.0"].tolist())))
         change(meta)
@@ -124,34 +129,51 @@ def test_new_files_name_their_format_and_rotation(fixture_model, tmp_path):
     assert mx.array_equal(model(last, cache=loaded), model(last, cache=cache)).item()
 
 
-def test_format_1_files_continue_unless_they_hold_sliding_window_layers(
-    tmp_path, monkeypatch
-):
-    # Format 2 changed only the sliding-window caches' rule (sink tokens, statistics
-    # measured on them): format-1 full-attention layers continue exactly; format-1
-    # sliding-window layers, whose statistics came from their first chunk, are refused.
+SAVED_FORMAT_2 = FIXTURE.parent / "format-2"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_format_1_and_2_files_continue_exactly(tmp_path, version):
+    # Format 3 joined each layer's four arrays into rows; format 2 changed only the
+    # sliding-window rule, so a format-1 full-attention file is format 2's. A file saved
+    # by the format-2 code (fixture) must continue exactly as a cache fed every token.
     import mlx_lm_turbo.cache.cache as cache_module
-    from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+    from mlx_lm_turbo import TurboQuantKVCache
+
+    cache_module.register_cache_classes()
+    path = with_meta_changed(
+        SAVED_FORMAT_2 / "cache.safetensors",
+        tmp_path / "saved.safetensors",
+        lambda meta: meta.update(format=version),
+        drop_checksum=version != 2,
+    )
+    inputs = mx.load(str(SAVED_FORMAT_2 / "inputs.safetensors"))
+    keys, values = inputs["keys"], inputs["values"]
+    loaded = load_prompt_cache(str(path))
+    for layer, (scheme, cache) in enumerate(zip(("turbo4", "turbo0v4"), loaded)):
+        assert json.loads(cache.meta_state[0])["format"] == FORMAT_VERSION
+        fresh = TurboQuantKVCache(scheme, seed=1, layer=layer)
+        fresh.update_and_fetch(keys[:, :, :40], values[:, :, :40])
+        a, _ = fresh.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        b, _ = cache.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        for x, y in zip((*a.stored, *a.sinks), (*b.stored, *b.sinks)):
+            assert x.shape == y.shape and mx.array_equal(x, y).item()
+
+
+def test_format_1_sliding_window_files_are_refused(tmp_path, monkeypatch):
+    # Format-1 sliding-window layers measured their statistics on their first chunk.
+    import mlx_lm_turbo.cache.cache as cache_module
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
 
     cache_module.register_cache_classes()
     k1, k2 = mx.random.split(mx.random.key(0))
-    keys = mx.random.normal((1, 2, 41, 64), key=k1).astype(mx.float16)
-    values = mx.random.normal((1, 2, 41, 64), key=k2).astype(mx.float16)
-    for cache in (TurboQuantKVCache("turbo4"), TurboQuantRotatingKVCache("turbo4", 16)):
-        cache.update_and_fetch(keys[:, :, :40], values[:, :, :40])
-        path = str(tmp_path / f"{type(cache).__name__}.safetensors")
-        with monkeypatch.context() as m:  # saved as format 1 (its layout is format 2's)
-            m.setattr(cache_module, "FORMAT_VERSION", 1)
-            save_prompt_cache(path, [cache])
-        if isinstance(cache, TurboQuantRotatingKVCache):
-            with pytest.raises(
-                CacheFormatError, match="sliding-window layers were saved"
-            ):
-                load_prompt_cache(path)
-            continue
-        (loaded,) = load_prompt_cache(path)
-        assert json.loads(loaded.meta_state[0])["format"] == FORMAT_VERSION
-        a, _ = cache.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
-        b, _ = loaded.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
-        for x, y in zip((*a.stored, *a.sinks), (*b.stored, *b.sinks)):
-            assert mx.array_equal(x, y).item()
+    keys = mx.random.normal((1, 2, 40, 64), key=k1).astype(mx.float16)
+    values = mx.random.normal((1, 2, 40, 64), key=k2).astype(mx.float16)
+    cache = TurboQuantRotatingKVCache("turbo4", 16)
+    cache.update_and_fetch(keys, values)
+    path = str(tmp_path / "rotating.safetensors")
+    with monkeypatch.context() as m:
+        m.setattr(cache_module, "FORMAT_VERSION", 1)
+        save_prompt_cache(path, [cache])
+    with pytest.raises(CacheFormatError, match="sliding-window layers were saved"):
+        load_prompt_cache(path)

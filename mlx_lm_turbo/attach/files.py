@@ -17,6 +17,7 @@ import zlib
 import mlx.core as mx
 from mlx.utils import tree_unflatten
 
+from ..cache.cache import check_format
 from ..codec.packing import packed_words
 from ..codec.schemes import parse_scheme
 from ..errors import PromptCacheFileError, UsageError
@@ -151,6 +152,7 @@ def check_entry(class_name, state):
     meta = _meta(
         meta_text, {**_CACHE_META, **(_ROTATING_META if rotating else {})}, "metadata"
     )
+    check_format(meta)  # a version this one cannot continue: refused with the reason
     scheme = _scheme(meta["scheme"], "metadata")
     if meta["codec"] is None:
         if mean is not None or scale is not None or sink_keys is not None:
@@ -174,7 +176,7 @@ def check_entry(class_name, state):
             raise _Bad(f"its codec's {name}={codec[name]} has no codebook")
     if codec["n_kv_heads"] < 1:
         raise _Bad("its codec has no KV heads")
-    tokens = _check_stored(scheme, codec, dtype, stored, meta["offset"])
+    tokens = _check_stored(scheme, codec, dtype, stored, meta)
     _check_tokens(meta, tokens, rotating)
     heads, key_dim, value_dim = (
         codec["n_kv_heads"],
@@ -238,25 +240,29 @@ def _check_uncompressed(meta, stored, rotating):
         )
 
 
-def _check_stored(scheme, codec, dtype, stored, offset):
+def _check_stored(scheme, codec, dtype, stored, meta):
     """Check the compressed token arrays against the codec; how many tokens they hold."""
     heads, key_dim, value_dim = (
         codec["n_kv_heads"],
         codec["key_dim"],
         codec["value_dim"],
     )
-    if scheme.key_bits:
-        layout = [
-            ("key-codes", packed_words(key_dim, scheme.key_bits), mx.uint32),
-            ("key-norms", 1, mx.float16),
+    key_words = packed_words(key_dim, scheme.key_bits) if scheme.key_bits else 0
+    value_words = packed_words(value_dim, scheme.value_bits)
+    layout = [] if scheme.key_bits else [("keys", key_dim, dtype)]
+    if meta.get("format", 0) >= 3:  # rows: key codes, value codes, a word of norms
+        layout += [("rows", key_words + value_words + 1, mx.uint32)]
+    else:
+        if scheme.key_bits:
+            layout += [
+                ("key-codes", key_words, mx.uint32),
+                ("key-norms", 1, mx.float16),
+            ]
+        layout += [
+            ("value-codes", value_words, mx.uint32),
+            ("value-norms", 1, mx.float16),
         ]
-    else:  # keys kept in the model's dtype
-        layout = [("keys", key_dim, dtype)]
-    layout += [
-        ("value-codes", packed_words(value_dim, scheme.value_bits), mx.uint32),
-        ("value-norms", 1, mx.float16),
-    ]
-    if not stored and offset == 0:
+    if not stored and meta["offset"] == 0:
         return 0
     if len(stored) != len(layout):
         raise _Bad(
@@ -273,6 +279,9 @@ def _check_stored(scheme, codec, dtype, stored, offset):
             kind,
             finite=kind != mx.uint32,
         )
+    if layout[-1][0] == "rows":
+        norms = stored[-1][..., -1:].view(mx.float16)
+        _array(norms, "the norms in the rows array", norms.shape, finite=True)
     return tokens
 
 

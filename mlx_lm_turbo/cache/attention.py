@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import mlx.core as mx
 
-from ..codec.codec import dequantize_rotated
+from ..codec.codec import dequantize_rotated, split_rows
 from ..compat import check_mlx_lm_version
 from ..kernels import fused_decode_attention
 from .view import TurboKV
@@ -141,7 +141,8 @@ class _OnlineSoftmax:
 
 def _dequantize(codec, stored, start, end):
     """Stored tokens [start, end) as (keys, values) in the rotated domain, compute dtype."""
-    *key_part, value_codes, value_norms = (a[:, :, start:end] for a in stored)
+    *exact_keys, rows = (a[:, :, start:end] for a in stored)
+    key_codes, key_norms, value_codes, value_norms = split_rows(rows, codec.key_words)
     values = dequantize_rotated(
         value_codes,
         value_norms,
@@ -150,9 +151,9 @@ def _dequantize(codec, stored, start, end):
         _COMPUTE_DTYPE,
     )
     if not codec.scheme.key_bits:
-        return key_part[0].astype(_COMPUTE_DTYPE), values
+        return exact_keys[0].astype(_COMPUTE_DTYPE), values
     return dequantize_rotated(
-        *key_part, codec.scheme.key_bits, codec.key_dim, _COMPUTE_DTYPE
+        key_codes, key_norms, codec.scheme.key_bits, codec.key_dim, _COMPUTE_DTYPE
     ), values
 
 

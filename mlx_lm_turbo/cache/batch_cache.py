@@ -521,27 +521,20 @@ class TurboQuantBatchKVCache(_BatchStatistics):
 
 
 # mlx-lm's rotating batch logic moves exactly two arrays (keys, values) of one
-# dtype pair; the compressed arrays travel through it packed into two: the key
-# side carries both fp16 norms in one extra uint32 word, and with fp16 keys the
-# value codes (and their norm word) are viewed as the key dtype.
+# dtype pair: packed rows travel split after their key codes (so the value side is
+# never empty); with keys stored as they are, the rows are viewed as the key dtype.
 def _pack_pair(codec, stored):
     if codec.scheme.key_bits:
-        key_codes, key_norms, value_codes, value_norms = stored
-        norms = mx.concatenate([key_norms, value_norms], axis=-1).view(mx.uint32)
-        return mx.concatenate([key_codes, norms], axis=-1), value_codes
-    keys, value_codes, value_norms = stored
-    norm_word = mx.concatenate([value_norms, mx.zeros_like(value_norms)], axis=-1).view(
-        mx.uint32
-    )
-    return keys, mx.concatenate([value_codes, norm_word], axis=-1).view(keys.dtype)
+        (rows,) = stored
+        return rows[..., : codec.key_words], rows[..., codec.key_words :]
+    keys, rows = stored
+    return keys, rows.view(keys.dtype)
 
 
 def _unpack_pair(codec, keys, values):
     if codec.scheme.key_bits:
-        norms = keys[..., -1:].view(mx.float16)
-        return keys[..., :-1], norms[..., :1], values, norms[..., 1:]
-    words = values.view(mx.uint32)
-    return keys, words[..., :-1], words[..., -1:].view(mx.float16)[..., :1]
+        return (mx.concatenate([keys, values], axis=-1),)
+    return keys, values.view(mx.uint32)
 
 
 class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):

@@ -30,9 +30,11 @@ from .view import TurboKV
 # and the sink tokens exactly, rotation signs named in the codec's metadata; sliding-window
 # caches without sink tokens, their statistics measured on the first chunk compressed
 # (refused by check_format); 2: sliding-window caches follow format 1's rule too (sink
-# tokens read exactly while in the window). Change the layout or the rules, bump this,
-# and say in check_format what older ones become.
-FORMAT_VERSION = 2
+# tokens read exactly while in the window); 3: format 2's rules, a token's compressed key
+# and value in one row (codec.join_rows; formats 1-2 kept four arrays, joined on load).
+# Change the layout or the rules, bump this, and say in check_format what older ones
+# become.
+FORMAT_VERSION = 3
 _SAVED_KEYS = (
     "scheme",
     "seed",
@@ -384,7 +386,7 @@ class _TurboCache:
     @meta_state.setter
     def meta_state(self, v):
         meta = json.loads(v[0])
-        check_format(meta)
+        self._format = check_format(meta)
         self.scheme = parse_scheme(meta["scheme"])
         self.seed, self.layer = meta["seed"], meta["layer"]
         self.uncompressed_start = meta["uncompressed_start"]
@@ -441,10 +443,12 @@ class _TurboCache:
         if self._codec_meta is not None:  # compressed
             _install_attention_dispatch()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
+            if arrays and self._format < 3:
+                arrays = self.codec.stored_from_arrays(arrays)
             self.stored = tuple(arrays) if arrays else None
         elif arrays:
             self.uncompressed = type(self._make_uncompressed()).from_state(arrays)
-        del self._codec_meta
+        del self._codec_meta, self._format
 
     @classmethod
     def from_state(cls, state):

@@ -3,6 +3,8 @@
 Each vector (one head, one token) is stored as an fp16 corrected norm and the
 packed indices of its rotated unit vector in a Lloyd-Max codebook. The corrected
 norm is ``|x| / |codebook[idx]|``, so a reconstruction has the original norm.
+A token's key and value of one head are stored as one uint32 row (``join_rows``):
+one array to update per decode step, not four (each update is a GPU launch).
 
 Keys are first calibrated per head and channel (see ``KEY_CALIBRATIONS``), with
 the inverse scaling folded into the query so attention scores are unchanged in
@@ -56,6 +58,31 @@ def quantize_rotated(y: mx.array, bits: int):
     )
     corrected = mx.minimum(norm / mx.maximum(recon_norm, 1e-30), _FP16_MAX)
     return pack(indices, bits), corrected.astype(mx.float16)
+
+
+def join_rows(key_codes, key_norms, value_codes, value_norms):
+    """One uint32 row per token and head: the key codes (none where keys are stored
+    as they are), the value codes, and a word holding both fp16 norms (key norm in the
+    low half, 0 without key codes; value norm in the high half)."""
+    if key_norms is None:
+        key_norms = mx.zeros_like(value_norms)
+    norms = mx.concatenate([key_norms, value_norms], axis=-1).view(mx.uint32)
+    parts = (
+        [value_codes, norms] if key_codes is None else [key_codes, value_codes, norms]
+    )
+    return mx.concatenate(parts, axis=-1)
+
+
+def split_rows(rows, key_words):
+    """``join_rows``'s parts back as views: (key codes, key norms, value codes, value
+    norms), each keeping the token axis at 2."""
+    norms = rows[..., -1:].view(mx.float16)
+    return (
+        rows[..., :key_words],
+        norms[..., :1],
+        rows[..., key_words:-1],
+        norms[..., 1:],
+    )
 
 
 @lru_cache(maxsize=None)
@@ -203,8 +230,18 @@ class TurboCodec:
 
     # -- storage ------------------------------------------------------------
     @property
-    def n_stored_arrays(self):
-        return 4 if self.scheme.key_bits else 3
+    def key_words(self):
+        """Words of key codes at the start of each stored row (0: keys stored as they are)."""
+        return (
+            packed_words(self.key_dim, self.scheme.key_bits)
+            if self.scheme.key_bits
+            else 0
+        )
+
+    @property
+    def row_words(self):
+        """Width of a stored row: key codes, value codes, the norms word."""
+        return self.key_words + packed_words(self.value_dim, self.scheme.value_bits) + 1
 
     def rotated(self, keys: mx.array, values: mx.array):
         """(B, H, L, D) keys and values -> their attention-domain forms (keys calibrated and
@@ -226,34 +263,43 @@ class TurboCodec:
         reference of ``kernels/encode.cu`` (``cache.cache.encode`` picks).
         """
         y_keys, y_values = self.rotated(keys, values)
-        stored_values = quantize_rotated(y_values, self.scheme.value_bits)
+        value_part = quantize_rotated(y_values, self.scheme.value_bits)
         if self.scheme.key_bits:
-            stored = (*quantize_rotated(y_keys, self.scheme.key_bits), *stored_values)
+            stored = (
+                join_rows(*quantize_rotated(y_keys, self.scheme.key_bits), *value_part),
+            )
         else:
-            stored = (keys, *stored_values)
+            stored = (keys, join_rows(None, None, *value_part))
         return stored, y_keys.astype(self.dtype), y_values.astype(self.dtype)
+
+    def stored_from_arrays(self, arrays):
+        """The stored arrays from format 1-2's separate ones (key codes, key norms or
+        keys as they are, value codes, value norms)."""
+        if self.scheme.key_bits:
+            return (join_rows(*arrays),)
+        keys, value_codes, value_norms = arrays
+        return keys, join_rows(None, None, value_codes, value_norms)
 
     def decode(self, stored):
         """Stored arrays -> (keys, values) in the attention domain, model dtype."""
-        *key_part, value_codes, value_norms = stored
+        *exact_keys, rows = stored
+        key_codes, key_norms, value_codes, value_norms = split_rows(
+            rows, self.key_words
+        )
         values = dequantize_rotated(
             value_codes, value_norms, self.scheme.value_bits, self.value_dim, self.dtype
         )
         if not self.scheme.key_bits:
-            return key_part[0], values
+            return exact_keys[0], values
         keys = dequantize_rotated(
-            *key_part, self.scheme.key_bits, self.key_dim, self.dtype
+            key_codes, key_norms, self.scheme.key_bits, self.key_dim, self.dtype
         )
         return keys, values
 
     def bytes_per_token(self):
         """Stored bytes per token and KV head (keys + values)."""
-        value_bytes = 4 * packed_words(self.value_dim, self.scheme.value_bits) + 2
-        if self.scheme.key_bits:
-            key_bytes = 4 * packed_words(self.key_dim, self.scheme.key_bits) + 2
-        else:
-            key_bytes = self.key_dim * self.dtype.size
-        return key_bytes + value_bytes
+        exact_keys = 0 if self.scheme.key_bits else self.key_dim * self.dtype.size
+        return exact_keys + 4 * self.row_words
 
     # -- attention ----------------------------------------------------------
     def _per_query_head(self, stat, n_q_heads):

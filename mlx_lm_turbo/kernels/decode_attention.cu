@@ -2,28 +2,32 @@
 // R query rows of its GQA group. It writes the slice's unnormalised output rows and
 // their (max, sum) in log2 units; the group's last block to finish merges every
 // slice (log-sum-exp), adds the attention-sink logit, rotates the rows back out of
-// the value rotation and writes them: one launch a layer.
+// the value rotation and writes them: one launch a layer. Each token's codes and
+// norms come in one row (codec.join_rows): KW words of key codes (none where the
+// keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
 // Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW,
 // MASK_KIND (0 none, 1 causal, 2 array), MASK_BOOL, HAS_KSCALE, HAS_TAIL (an exact
 // chunk), HAS_SINK_TOKENS, MAX_SINKS, WINDOW (TurboKV.window, 0 for none), HAS_SINKS
-// (attention-sink logits). `work` holds the slices' rows, their (max, sum) and the
-// groups' counters; it starts zeroed (init_value fills every output, one launch each,
-// so the scratch is one output).
+// (attention-sink logits). `work` holds the slices' rows and their (max, sum);
+// `counters` (one per group) is zero on entry and left zero on exit, so nothing
+// needs filling per call (a fill is one more launch); `previous` (unread) is the
+// layer's last call's output, so MLX runs the calls sharing counters in order.
 using namespace turbo;
 constexpr int DPL = D / 32;  // dims per lane when accumulating values
 constexpr int THREADS = NW * 32;
 constexpr int ROWS = G * L;  // query rows per KV head
 constexpr int NRG = (ROWS + R - 1) / R;
 constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
+constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 
 // Sizes come with the arrays, so no per-call scalars need uploading.
 constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
-const int n_tokens = value_norms_shape[2];
+const int n_tokens = rows_shape[2];
 const int n_splits = gridDim.x - (HAS_EXACT ? 1 : 0);
 const int split_len = ((n_tokens + n_splits - 1) / n_splits + 31) / 32 * 32;
 const int n_exact = HAS_TAIL ? tail_keys_shape[2] : 0;
 const int n_sinks = HAS_SINK_TOKENS ? sink_pos_shape[2] : 0;
-const int n_kv_heads = value_norms_shape[1];
+const int n_kv_heads = rows_shape[1];
 const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
 const int b = blockIdx.y / (NRG * n_kv_heads);
 const int split = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -37,7 +41,6 @@ __shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights 
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's value codes here (one global round trip per tile, not
 // per token); once every tile is done the same memory merges the warps' outputs.
-constexpr int VW = D * VB / 32;
 constexpr int STAGE_WORDS = NW * 32 * VW, ACC_FLOATS = NW * R * D;
 __shared__ uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
 uint32_t* v_stage = scratch + warp * 32 * VW;
@@ -135,17 +138,17 @@ auto exact_row = [&](int item, auto* sink_arr, const auto& sink_strides, auto* t
                    (item - n_sinks) * tail_strides[2];
 };
 
-const uint32_t* k_codes = reinterpret_cast<const uint32_t*>(key_codes);
-const T* k_exact = reinterpret_cast<const T*>(key_codes);  // turbo0vN: keys as the model made them
-const __half* k_norms = reinterpret_cast<const __half*>(key_norms);
-const int64_t k_base = b * key_codes_strides[0] + h * key_codes_strides[1];
-// 16-byte loads of code groups where every row starts 16-byte aligned (not in the
-// batch sliding-window cache, whose rows carry an extra word of norms).
-const bool aligned = (key_codes_strides[0] | key_codes_strides[1] | key_codes_strides[2]) % 4 == 0 &&
-                     reinterpret_cast<uintptr_t>(key_codes) % 16 == 0;
-const int64_t kn_base = b * key_norms_strides[0] + h * key_norms_strides[1];
-const int64_t v_base = b * value_codes_strides[0] + h * value_codes_strides[1];
-const int64_t vn_base = b * value_norms_strides[0] + h * value_norms_strides[1];
+const T* k_exact = keys;  // turbo0vN: keys as the model made them
+const int64_t k_base = b * keys_strides[0] + h * keys_strides[1];
+const uint32_t* head_rows = rows + b * rows_strides[0] + h * rows_strides[1];
+const int64_t row_stride = rows_strides[2];
+// 16-byte loads of code groups where every row starts 16-byte aligned.
+const bool aligned = (rows_strides[0] | rows_strides[1] | row_stride) % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(rows) % 16 == 0;
+// A norms word: the key norm in its low half, the value norm in its high half.
+auto norm_of = [](uint32_t word, int half) {
+  return __half2float(__ushort_as_half((unsigned short)(word >> (16 * half))));
+};
 
 float m[R], l_lane[R], acc[R][DPL];
 #pragma unroll
@@ -168,7 +171,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
   const int n_items = min(32, end - first);
   if constexpr (!EXACT) {
     for (int idx = lane; idx < n_items * VW; idx += 32) {
-      v_stage[idx] = value_codes[v_base + int64_t(first + idx / VW) * value_codes_strides[2] + idx % VW];
+      v_stage[idx] = head_rows[int64_t(first + idx / VW) * row_stride + KW + idx % VW];
     }
   }
   if (item < end) {
@@ -182,7 +185,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
         t = exact_token(item);
         row = exact_row(item, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides);
       } else {
-        row = k_exact + k_base + int64_t(t) * key_codes_strides[2];
+        row = k_exact + k_base + int64_t(t) * keys_strides[2];
       }
       auto accumulate = [&](int d, float k) {
         float qd[R];
@@ -203,9 +206,9 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
 #pragma unroll 8
         for (int d = 0; d < D; ++d) accumulate(d, to_float(row[d]));
       }
-      value_norm = EXACT ? 1.0f : to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
+      value_norm = EXACT ? 1.0f : norm_of(head_rows[int64_t(t) * row_stride + NORMS], 1);
     } else {
-      const uint32_t* row = k_codes + k_base + int64_t(t) * key_codes_strides[2];
+      const uint32_t* row = head_rows + int64_t(t) * row_stride;
 #pragma unroll
       for (int grp = 0; grp < D / 32; ++grp) {
         uint32_t w[KBW];
@@ -223,10 +226,11 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
           for (int r = 0; r < R; ++r) dot[r] += qd[r] * level;
         }
       }
-      const float k_norm = to_float(k_norms[kn_base + int64_t(t) * key_norms_strides[2]]);
+      const uint32_t norms = row[NORMS];
+      const float k_norm = norm_of(norms, 0);
 #pragma unroll
       for (int r = 0; r < R; ++r) dot[r] *= k_norm;
-      value_norm = to_float(value_norms[vn_base + int64_t(t) * value_norms_strides[2]]);
+      value_norm = norm_of(norms, 1);
     }
     // Exact items are the sinks and the tail (the tail wins where both hold a token);
     // the compressed slices take every other (token, row).
@@ -314,7 +318,8 @@ const int n_parts = gridDim.x;
 const int64_t group_parts = int64_t(blockIdx.y) * n_parts;
 float* parts = work;
 float* stats = parts + int64_t(gridDim.y) * n_parts * R * D;
-unsigned int* counters = reinterpret_cast<unsigned int*>(stats + int64_t(gridDim.y) * n_parts * R * 2);
+// Written through although an input: blocks of this launch alone touch it.
+unsigned int* group_counter = const_cast<unsigned int*>(counters) + blockIdx.y;
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   const int r = idx / D, d = idx % D;
   float M = -INFINITY;
@@ -341,12 +346,16 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 __shared__ bool last_block;
 __threadfence();
 __syncthreads();
-if (threadIdx.x == 0) last_block = atomicAdd(counters + blockIdx.y, 1u) == unsigned(n_parts - 1);
+if (threadIdx.x == 0) last_block = atomicAdd(group_counter, 1u) == unsigned(n_parts - 1);
 __syncthreads();
 if (!last_block) return;
 __threadfence();
+if (threadIdx.x == 0) *group_counter = 0u;  // every other block has counted: zero for the next call
 
-__shared__ float row_m[R], row_l[R];
+// Each part's weight per row, exp2(its max - the row's), once per (part, row) and
+// not per dim: in the staging memory, free now (the host caps the parts to fit).
+float* part_weight = reinterpret_cast<float*>(scratch);  // [part][row]
+__shared__ float row_l[R];
 for (int r = warp; r < R; r += NW) {
   const int row = rg * R + r, hq = h * G + row / L, i = row % L;
   float M = -INFINITY;
@@ -360,30 +369,22 @@ for (int r = warp; r < R; r += NW) {
     M = fmaxf(M, sink);
   }
   float l = 0.0f;
-  if (M != -INFINITY) {
-    for (int p = lane; p < n_parts; p += 32) {
-      const int64_t at = ((group_parts + p) * R + r) * 2;
-      l += exp2_or_zero(__ldcg(stats + at) - M) * __ldcg(stats + at + 1);
-    }
-    l = warp_sum(l) + exp2_or_zero(sink - M);
+  for (int p = lane; p < n_parts; p += 32) {
+    const int64_t at = ((group_parts + p) * R + r) * 2;
+    const float w = M == -INFINITY ? 0.0f : exp2_or_zero(__ldcg(stats + at) - M);
+    part_weight[p * R + r] = w;
+    l += w * __ldcg(stats + at + 1);
   }
-  if (lane == 0) {
-    row_m[r] = M;
-    row_l[r] = l;
-  }
+  l = warp_sum(l) + (M == -INFINITY ? 0.0f : exp2_or_zero(sink - M));
+  if (lane == 0) row_l[r] = l;
 }
 __syncthreads();
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   const int r = idx / D, d = idx % D;
-  const float M = row_m[r];
+  const float* part = parts + (group_parts * R + r) * D + d;
   float o = 0.0f;
-  if (M != -INFINITY) {
-#pragma unroll 4
-    for (int p = 0; p < n_parts; ++p) {
-      const int64_t at = (group_parts + p) * R + r;
-      o += exp2_or_zero(__ldcg(stats + at * 2) - M) * __ldcg(parts + at * D + d);
-    }
-  }
+#pragma unroll 8
+  for (int p = 0; p < n_parts; ++p) o += part_weight[p * R + r] * __ldcg(part + int64_t(p) * R * D);
   q_rows[idx] = row_l[r] > 0.0f ? o / row_l[r] : 0.0f;  // the query rows' memory, free now
 }
 __syncthreads();

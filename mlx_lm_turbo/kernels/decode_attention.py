@@ -19,6 +19,7 @@ a second kernel for the merge measured slower (decode_kernel_h200_809a21d.md).
 """
 
 import math
+import weakref
 from functools import lru_cache
 
 import mlx.core as mx
@@ -38,6 +39,9 @@ MIN_SLICE_TOKENS = 32 * WARPS
 TARGET_BLOCKS = (
     512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
 )
+# The merging block keeps a weight per part and query row in its staging memory
+# (at least WARPS * 64 * rows floats): parts (slices + 1) <= 256 fit at every head dim.
+MAX_SLICES = 255
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
 
 
@@ -81,10 +85,8 @@ INPUTS = (
     "q",
     "kscale",
     "k_signs",
-    "key_codes",
-    "key_norms",
-    "value_codes",
-    "value_norms",
+    "keys",
+    "rows",
     "k_levels_in",
     "v_levels_in",
     "sink_keys",
@@ -96,6 +98,8 @@ INPUTS = (
     "scale",
     "v_signs",
     "sink_logits",
+    "counters",
+    "previous",
 )
 
 
@@ -118,8 +122,24 @@ def _slices(n_tokens, blocks_per_slice):
         min(
             math.ceil(n_tokens / MIN_SLICE_TOKENS),
             math.ceil(TARGET_BLOCKS / blocks_per_slice),
+            MAX_SLICES,
         ),
     )
+
+
+# Per codec (one per cache layer): the group counters its calls share, and its last
+# call's output. Each call takes that output as an input (unread): MLX then orders
+# the calls, which could otherwise overlap on the GPU and share counters.
+_LAYER_CALLS = weakref.WeakKeyDictionary()
+
+
+def _counters_and_previous(codec, groups, dtype):
+    """(zeroed group counters for this layer's calls, its last call's output)."""
+    counters, previous = _LAYER_CALLS.get(codec, (None, placeholder(dtype)))
+    if counters is None or counters.size < groups:
+        counters = mx.zeros((groups,), mx.uint32)
+        mx.eval(counters)  # before any call, so no launch fills it
+    return counters, previous
 
 
 @lru_cache(maxsize=None)
@@ -144,18 +164,15 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     H = codec.n_kv_heads
     G = n_q_heads // H
     dtype = queries.dtype
+    *stored_keys, rows = kv.stored  # keys stored as they are (turbo0vN), then the rows
     if codec.scheme.key_bits:
-        key_codes, key_norms, value_codes, value_norms = kv.stored
+        stored_keys = placeholder(dtype)
         k_levels = codebook(D, codec.scheme.key_bits)
         k_signs = codec.key_rotation.signs
     else:
-        key_codes, value_codes, value_norms = kv.stored
-        key_norms, k_levels, k_signs = (
-            placeholder(mx.float16),
-            placeholder(mx.float32),
-            placeholder(mx.float32),
-        )
-    n_tokens = value_codes.shape[2]
+        (stored_keys,) = stored_keys
+        k_levels, k_signs = placeholder(mx.float32), placeholder(mx.float32)
+    n_tokens = rows.shape[2]
 
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
     tail_keys, tail_values = (
@@ -178,8 +195,8 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         kscale = broadcast_rows(codec.key_scale, B)
     mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
 
-    rows = min(G * L, MAX_ROW_VALUES // D)
-    row_groups = math.ceil(G * L / rows)
+    n_rows = min(G * L, MAX_ROW_VALUES // D)
+    row_groups = math.ceil(G * L / n_rows)
     n_slices = _slices(n_tokens, B * H * row_groups)
     has_exact = n_exact + n_sinks > 0
     n_parts = n_slices + has_exact
@@ -195,15 +212,14 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             logits = logits - shift[..., 0]
         sink_logits = mx.contiguous(logits * math.log2(math.e))
     groups = B * H * row_groups
+    counters, previous = _counters_and_previous(codec, groups, dtype)
     out, _ = _kernel()(
         inputs=[
             queries,
             kscale,
             k_signs,
-            key_codes,
-            key_norms,
-            value_codes,
-            value_norms,
+            stored_keys,
+            rows,
             k_levels,
             codebook(D, codec.scheme.value_bits),
             sink_keys,
@@ -215,6 +231,8 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             _scalar(scale),
             codec.value_rotation.signs,
             sink_logits,
+            counters,
+            previous,
         ],
         template=[
             ("T", dtype),
@@ -222,7 +240,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             ("D", D),
             ("G", G),
             ("L", L),
-            ("R", rows),
+            ("R", n_rows),
             ("KB", codec.scheme.key_bits),
             ("VB", codec.scheme.value_bits),
             ("NW", WARPS),
@@ -237,9 +255,9 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         ],
         grid=(n_parts * 32 * WARPS, groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
-        # parts (rows x D), stats (max, sum per row) and a counter per group, in float32 units
-        output_shapes=[queries.shape, (groups * (n_parts * rows * (D + 2) + 1),)],
+        # each group's parts (query rows x D) and their (max, sum)
+        output_shapes=[queries.shape, (groups * n_parts * n_rows * (D + 2),)],
         output_dtypes=[dtype, mx.float32],
-        init_value=0,  # the counters start at zero (the rest is written before it is read)
     )
+    _LAYER_CALLS[codec] = (counters, out)
     return out

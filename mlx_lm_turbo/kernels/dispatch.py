@@ -72,7 +72,14 @@ _SOURCES = Path(__file__).parent
 
 @lru_cache(maxsize=None)
 def source(name):
-    return (_SOURCES / name).read_text()
+    """A kernel source without comments, indentation or blank lines: MLX rebuilds the
+    full source string on every call, at a host cost that grows with its length
+    (benchmarks/results/decode_kernel_h200_*.md)."""
+    lines = (
+        line.split("//")[0].strip()
+        for line in (_SOURCES / name).read_text().splitlines()
+    )
+    return "\n".join(line for line in lines if line)
 
 
 def broadcast_rows(a, rows):

@@ -1,16 +1,18 @@
 // One warp per (batch, head, token): rotate, quantize and pack a key and a value
-// vector as codec.TurboCodec.encode does, and keep their exact rotated copies.
+// vector into one row as codec.TurboCodec.encode does (codec.join_rows: key codes,
+// value codes, a word of both fp16 norms), and keep their exact rotated copies.
 // Lane j holds dims [j * DPL, (j + 1) * DPL). Template constants: T, D, KB, VB, NW,
 // CENTER, SCALE (the key calibration's statistics present).
 using namespace turbo;
 constexpr int DPL = D / 32;
-constexpr int KW = KB > 0 ? D * KB / 32 : 1, VW = D * VB / 32;
+constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, W = KW + VW + 1;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int vector = blockIdx.x * NW + warp;
 const int n_heads = values_shape[1], n_tokens = values_shape[2];
 if (vector >= values_shape[0] * n_heads * n_tokens) return;  // whole warps only
 const int t = vector % n_tokens, h = (vector / n_tokens) % n_heads, b = vector / (n_tokens * n_heads);
 __shared__ uint32_t packed[NW][KW + VW];
+float k_norm = 0.0f;  // keys stored as they are: the norms word's low half is 0
 
 // x <- H (signs * x) / sqrt(D): butterflies inside the lane, then across lanes.
 auto rotate = [&](float (&x)[DPL], const float* signs) {
@@ -78,8 +80,6 @@ for (int k = 0; k < DPL; ++k) {
 }
 rotate(v, v_signs);
 const float v_norm = quantize(v, Int<VB>{}, v_bounds, v_levels, packed[warp] + KW);
-for (int w = lane; w < VW; w += 32) value_codes[out_row * VW + w] = packed[warp][KW + w];
-if (lane == 0) value_norms[out_row] = __float2half(v_norm);
 #pragma unroll
 for (int k = 0; k < DPL; ++k) exact_values[out_row * D + lane * DPL + k] = from_float<T>(v[k]);
 
@@ -94,9 +94,13 @@ if constexpr (KB > 0) {
     if constexpr (SCALE) x[k] /= key_scale[b * key_scale_strides[0] + h * key_scale_strides[1] + d];
   }
   rotate(x, k_signs);
-  const float k_norm = quantize(x, Int<KB>{}, k_bounds, k_levels, packed[warp]);
-  for (int w = lane; w < KW; w += 32) key_codes[out_row * KW + w] = packed[warp][w];
-  if (lane == 0) key_norms[out_row] = __float2half(k_norm);
+  k_norm = quantize(x, Int<KB>{}, k_bounds, k_levels, packed[warp]);
 #pragma unroll
   for (int k = 0; k < DPL; ++k) exact_keys[out_row * D + lane * DPL + k] = from_float<T>(x[k]);
+}
+__syncwarp();
+for (int w = lane; w < KW + VW; w += 32) rows[out_row * W + w] = packed[warp][w];
+if (lane == 0) {
+  rows[out_row * W + KW + VW] = uint32_t(__half_as_ushort(__float2half(k_norm))) |
+                                (uint32_t(__half_as_ushort(__float2half(v_norm))) << 16);
 }

@@ -14,7 +14,6 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from ..codec.packing import packed_words
 from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
 WARPS = 4
@@ -36,14 +35,7 @@ def _kernel():
             "v_bounds",
             "v_levels",
         ],
-        output_names=[
-            "key_codes",
-            "key_norms",
-            "value_codes",
-            "value_norms",
-            "exact_keys",
-            "exact_values",
-        ],
+        output_names=["rows", "exact_keys", "exact_values"],
         source=source("encode.cu"),
         header=source("common.cuh"),
         ensure_row_contiguous=False,
@@ -67,44 +59,37 @@ def fused_encode(codec, keys, values):
         if kb
         else (placeholder(mx.float32),) * 3
     )
-    kw = packed_words(D, kb) if kb else 1
-    key_codes, key_norms, value_codes, value_norms, exact_keys, exact_values = (
-        _kernel()(
-            inputs=[
-                keys,
-                values,
-                statistic(codec.key_mean),
-                statistic(codec.key_scale),
-                k_signs,
-                codec.value_rotation.signs,
-                k_bounds,
-                k_levels,
-                boundaries(D, vb),
-                codebook(D, vb),
-            ],
-            template=[
-                ("T", dtype),
-                ("D", D),
-                ("KB", kb),
-                ("VB", vb),
-                ("NW", WARPS),
-                ("CENTER", codec.key_mean is not None),
-                ("SCALE", codec.key_scale is not None),
-            ],
-            grid=(-(-n // WARPS) * WARPS * 32, 1, 1),
-            threadgroup=(WARPS * 32, 1, 1),
-            output_shapes=[
-                (B, H, L, kw) if kb else (1,),
-                (B, H, L, 1) if kb else (1,),
-                (B, H, L, packed_words(D, vb)),
-                (B, H, L, 1),
-                (B, H, L, D) if kb else (1,),
-                (B, H, L, D),
-            ],
-            output_dtypes=[mx.uint32, mx.float16, mx.uint32, mx.float16, dtype, dtype],
-        )
+    rows, exact_keys, exact_values = _kernel()(
+        inputs=[
+            keys,
+            values,
+            statistic(codec.key_mean),
+            statistic(codec.key_scale),
+            k_signs,
+            codec.value_rotation.signs,
+            k_bounds,
+            k_levels,
+            boundaries(D, vb),
+            codebook(D, vb),
+        ],
+        template=[
+            ("T", dtype),
+            ("D", D),
+            ("KB", kb),
+            ("VB", vb),
+            ("NW", WARPS),
+            ("CENTER", codec.key_mean is not None),
+            ("SCALE", codec.key_scale is not None),
+        ],
+        grid=(-(-n // WARPS) * WARPS * 32, 1, 1),
+        threadgroup=(WARPS * 32, 1, 1),
+        output_shapes=[
+            (B, H, L, codec.row_words),
+            (B, H, L, D) if kb else (1,),
+            (B, H, L, D),
+        ],
+        output_dtypes=[mx.uint32, dtype, dtype],
     )
-    value_part = (value_codes, value_norms)
     if kb:
-        return (key_codes, key_norms, *value_part), exact_keys, exact_values
-    return (keys, *value_part), keys, exact_values
+        return (rows,), exact_keys, exact_values
+    return (keys, rows), keys, exact_values

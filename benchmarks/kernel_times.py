@@ -1,0 +1,105 @@
+"""GPU time of each kernel in a chained 8-layer decode step (32 query / 8 KV heads,
+head_dim 128), measured by Nsight Compute (``ncu``, on the PATH), averaged per kernel
+over the launches of a few steps after the caches are filled. ncu serialises the
+launches and fixes the clocks, so compare kernels within one table.
+
+    python benchmarks/kernel_times.py --caches fp16 turbo4 --contexts 4096 131072
+"""
+
+import argparse
+import csv
+import io
+import subprocess
+import sys
+from collections import defaultdict
+
+STEPS, MEASURED_STEPS = 30, 3
+
+
+def decode(name, context):
+    """The measured process: fill 8 layers' caches, then run decode steps."""
+    import mlx.core as mx
+    import mlx_lm.models.base as mlx_base
+    from mlx_lm.models.cache import KVCache
+
+    from mlx_lm_turbo import TurboQuantKVCache
+    from mlx_lm_turbo.cache.attention import install_attention_dispatch
+
+    install_attention_dispatch()
+    make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
+    caches = [make() for _ in range(8)]
+    kv = mx.random.normal((1, 8, context, 128)).astype(mx.float16)
+    for c in caches:
+        c.update_and_fetch(kv, kv)
+        mx.eval([a for a in c.state if isinstance(a, mx.array)])
+    token = mx.random.normal((1, 8, 1, 128)).astype(mx.float16)
+    query = mx.random.normal((1, 32, 1, 128)).astype(mx.float16)
+    mx.eval(token, query)
+    for _ in range(STEPS):
+        x = query
+        for c in caches:
+            keys, values = c.update_and_fetch(token, token)
+            x = mlx_base.scaled_dot_product_attention(
+                x, keys, values, cache=c, scale=128**-0.5, mask=None
+            )
+        mx.eval(x)
+
+
+def measure(name, context):
+    # launches per step: fp16 two cache copies, attention and cuDNN's reduction per
+    # layer; turbo the encode kernel, one cache copy and the attention kernel
+    per_step = 8 * (4 if name == "fp16" else 3)
+    command = [
+        "ncu",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        "--launch-skip",
+        str((STEPS - MEASURED_STEPS) * per_step),
+        "--launch-count",
+        str(MEASURED_STEPS * per_step),
+        sys.executable,
+        __file__,
+        "--run",
+        name,
+        str(context),
+    ]
+    text = subprocess.run(command, capture_output=True, text=True).stdout
+    rows = [r for r in csv.reader(io.StringIO(text)) if len(r) > 5]
+    if not rows:
+        raise SystemExit(f"ncu gave no measurements for {name} at {context}")
+    head = rows[0]
+    name_at, value_at = head.index("Kernel Name"), head.index("Metric Value")
+    total, count = defaultdict(float), defaultdict(int)
+    for r in rows[1:]:
+        kernel = r[name_at].split("(")[0][:60]
+        total[kernel] += float(r[value_at].replace(",", ""))
+        count[kernel] += 1
+    return [(k, count[k] / MEASURED_STEPS, total[k] / count[k] / 1e3) for k in total]
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--caches", nargs="+", default=["fp16", "turbo4"])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 131072])
+    parser.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        return decode(args.run[0], int(args.run[1]))
+    print("| cache | context | kernel | launches per step | us per launch |")
+    print("|---|---:|---|---:|---:|")
+    for context in args.contexts:
+        for name in args.caches:
+            for kernel, per_step, micros in sorted(
+                measure(name, context), key=lambda row: -row[1] * row[2]
+            ):
+                print(
+                    f"| {name} | {context} | {kernel} | {per_step:.0f} | {micros:.1f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
