@@ -72,9 +72,9 @@ _SOURCES = Path(__file__).parent
 
 @lru_cache(maxsize=None)
 def source(name):
-    """A kernel source without comments, indentation or blank lines: MLX rebuilds the
-    full source string on every call, at a host cost that grows with its length
-    (benchmarks/results/decode_kernel_h200_*.md)."""
+    """A kernel source without comments, indentation or blank lines: MLX copies the
+    whole source into every call's graph node, so it is kept short (what that saves
+    was within run-to-run noise on the H200: benchmarks/kernel_host_cost.py)."""
     lines = (
         line.split("//")[0].strip()
         for line in (_SOURCES / name).read_text().splitlines()
