@@ -10,9 +10,15 @@ is the reference point.
 
     python benchmarks/key_calibration.py [--model DIR] [--prefill 2048] [--decode 256]
         [--schemes turbo4 turbo3] [--calibrations center] [--sink-tokens 0 4]
+        [--recent-exact 1 16 64]
+
+``--recent-exact W`` tries a lever of issue 14: each query also reads the W - 1 tokens
+before it exactly (kept in the attention domain, W - 1 tokens a layer), by a cache
+that holds them here only (not saved, trimmed or batched: a measurement).
 """
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -37,6 +43,35 @@ def with_sink_tokens(cache, n):
     for c in cache:
         if isinstance(c, TurboQuantKVCache):  # sliding-window caches keep none
             c.sink_tokens = n
+    return cache
+
+
+class RecentExactKVCache(TurboQuantKVCache):
+    """A full-attention turbo cache whose queries also read the tokens just before
+    them exactly: the exact tail handed to attention is the chunk plus the recent
+    tokens before it, read within a window of ``exact_window`` keys."""
+
+    recent = None
+
+    def _update_compressed(self, stored, exact_keys, exact_values):
+        if self.recent is not None:
+            exact_keys, exact_values = (
+                mx.concatenate([r, a], axis=2)
+                for r, a in zip(self.recent, (exact_keys, exact_values))
+            )
+        keep = self.exact_window - 1
+        self.recent = tuple(
+            mx.contiguous(a[:, :, -keep:]) for a in (exact_keys, exact_values)
+        )
+        return super()._update_compressed(stored, exact_keys, exact_values)
+
+
+def with_recent_exact(cache, window):
+    if window > 1:
+        for c in cache:
+            if type(c) is TurboQuantKVCache:
+                c.__class__ = RecentExactKVCache
+                c.exact_window = window
     return cache
 
 
@@ -70,6 +105,13 @@ def main():
     parser.add_argument(
         "--sink-tokens", type=int, nargs="+", default=[TurboQuantKVCache.sink_tokens]
     )
+    parser.add_argument(
+        "--recent-exact",
+        type=int,
+        nargs="+",
+        default=[TurboQuantKVCache.exact_window],
+        help="keys each query reads exactly, itself included (see above)",
+    )
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args()
 
@@ -87,12 +129,13 @@ def main():
     )
     rows = []
 
-    def record(name, calibration, skip, sinks, logprobs, t0):
+    def record(name, calibration, skip, sinks, logprobs, t0, recent="-"):
         row = {
             "cache": name,
             "key_calibration": calibration,
             "boundary_skip": skip,
             "sink_tokens": sinks,
+            "recent_exact": recent,
             **compare(reference, logprobs, targets),
             "seconds": round(time.time() - t0, 1),
         }
@@ -111,7 +154,9 @@ def main():
     for scheme in args.schemes:
         for skip in args.boundary_skip:
             for calibration in args.calibrations:
-                for sinks in args.sink_tokens:
+                for sinks, recent in itertools.product(
+                    args.sink_tokens, args.recent_exact
+                ):
                     t0 = time.time()
                     cache = with_sink_tokens(
                         make_prompt_cache(
@@ -127,8 +172,14 @@ def main():
                         calibration,
                         skip,
                         sinks,
-                        teacher_forced_logprobs(model, tokens, cache, args.prefill),
+                        teacher_forced_logprobs(
+                            model,
+                            tokens,
+                            with_recent_exact(cache, recent),
+                            args.prefill,
+                        ),
                         t0,
+                        recent,
                     )
 
     print(
@@ -136,13 +187,14 @@ def main():
         f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}\n"
     )
     print(
-        "| cache | key calibration | boundary skip | sink tokens | KL vs fp16 | top-1 | perplexity |"
+        "| cache | key calibration | boundary skip | sink tokens | recent exact | KL vs fp16 "
+        "| top-1 | perplexity |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | {r['sink_tokens']} | "
-            f"{r['kl']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} |"
+            f"{r['recent_exact']} | {r['kl']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -237,10 +237,13 @@ def test_rotating_batch_equals_single_sequences(scheme):
     for i, ((k, v, q), n) in enumerate(zip(seqs, lengths)):
         single, expected = rotating_single(k, v, q, n, scheme, max_size, decode)
         # Not bit for bit even on CPU (measured: up to 1.2e-4 apart; the batch ring's
-        # row holds its window in another order); GPUs add a few fp16 roundings.
-        assert mx.allclose(
-            out[i : i + 1], expected, atol=1e-3, rtol=0 if BIT_EXACT else 5e-3
-        ).item(), i
+        # row holds its window in another order). On a GPU the batch row and the young
+        # single window may take different paths (the fused kernel, the portable path),
+        # which agree within the kernel's 2e-3 relative (tests/test_kernels.py).
+        if BIT_EXACT:
+            assert mx.allclose(out[i : i + 1], expected, atol=1e-3, rtol=0).item(), i
+        else:
+            assert relative_error(out[i : i + 1], expected) < 2e-3, i
         extracted = batch.extract(i)
         assert extracted.offset == single.offset == n + decode
         # the same window, in temporal order, decoded to the same keys and values
@@ -389,3 +392,14 @@ def test_batch_generate_with_max_kv_size(tiny_model, monkeypatch):
         model, tokenizer, prompts, max_tokens=12, max_kv_size=8
     ).texts
     assert merged and max(merged) == 2 and len(texts) == 2
+
+
+def test_caches_keeping_different_exact_first_tokens_cannot_share_a_batch():
+    keys = mx.random.normal((1, 2, 50, D)).astype(mx.float16)
+    caches = [
+        TurboQuantKVCache("turbo4", uncompressed_start=n) for n in (0, 40)
+    ]  # 16 and 40 exact first tokens
+    for c in caches:
+        c.update_and_fetch(keys, keys)
+    with pytest.raises(ValueError, match="different numbers of exact first tokens"):
+        TurboQuantKVCache.merge(caches)

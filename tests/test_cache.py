@@ -349,16 +349,22 @@ def test_bad_inputs_give_clear_errors():
 def test_a_window_ends_its_uncompressed_start_before_its_first_token_leaves():
     # Asked to stay uncompressed for 30 tokens, a 16-token window compresses with the
     # chunk that would let token 0 go: the statistics are measured on the sequence's
-    # first 16 tokens, as without an uncompressed start.
+    # first 30 tokens (kept exact), as when the whole prompt comes in one chunk.
     keys, values = kv(40)
     late = TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=30)
     for start in range(0, 40, 4):
         k, v = keys[:, :, start : start + 4], values[:, :, start : start + 4]
         late.update_and_fetch(k, v)
         assert (late.uncompressed is None) == (start + 4 > 16), start
-    early = TurboQuantRotatingKVCache("turbo4", 16)
+    early = TurboQuantRotatingKVCache("turbo4", 16, uncompressed_start=30)
     early.update_and_fetch(keys, values)
     assert late.offset == early.offset == 40
     assert mx.array_equal(late.codec.key_mean, early.codec.key_mean).item()
-    # past the window and trimming: let go, in both
+    # the 40th query's window still holds exact tokens 25-29; once past the window and
+    # trimming (max_size + 30 tokens on), they are let go, in both
+    assert late.sinks[0].shape[2] == early.sinks[0].shape[2] == 30
+    more = kv(46)
+    for t in range(40, 46):
+        for cache in (late, early):
+            cache.update_and_fetch(more[0][:, :, t : t + 1], more[1][:, :, t : t + 1])
     assert late.sinks is None and early.sinks is None

@@ -106,6 +106,11 @@ class _BatchStatistics:
         for c in caches:
             if c.scheme != first.scheme:
                 raise ValueError("Caches of different schemes cannot share a batch.")
+            if c.sink_tokens != first.sink_tokens:
+                raise ValueError(
+                    "Caches keeping different numbers of exact first tokens (their "
+                    "uncompressed starts) cannot share a batch."
+                )
             c.compress_now()
         if os.environ.get(
             "MLX_LM_TURBO_LOG_BATCHES"

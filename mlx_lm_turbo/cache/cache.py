@@ -155,6 +155,10 @@ class _TurboCache:
             )
         self.seed, self.layer = seed, layer
         self.uncompressed_start = uncompressed_start
+        # Queries before the uncompressed start read every key exactly; those tokens
+        # are kept exact for good, so every later query reads them exactly too, however
+        # the prompt was chunked (see _compressing).
+        self.sink_tokens = max(type(self).sink_tokens, uncompressed_start)
         self.key_calibration = key_calibration
         self.offset = 0
         self.codec = None  # built when compression starts
@@ -191,10 +195,10 @@ class _TurboCache:
         # The uncompressed start: a chunk after which the cache still holds fewer than
         # uncompressed_start tokens stays uncompressed (its queries read every key
         # exactly, through mlx-lm's attention); the chunk that reaches it compresses the
-        # history and itself, and the one rule holds from then on. So a query reads
-        # exactly iff its chunk ends before that: with uncompressed_start <= sink_tokens
-        # that changes nothing (every earlier key is a sink token), beyond it the output
-        # depends on where that chunk starts (the prefill step, a reused prefix).
+        # history and itself, and the one rule holds from then on. The first
+        # uncompressed_start tokens are sink tokens (__init__), so a query before it
+        # reads every key exactly on either side of that switch: where the chunk that
+        # reaches it starts (the prefill step, a reused prefix) changes nothing.
         if self.offset + keys.shape[2] < self._uncompressed_end():
             if self.uncompressed is None:
                 self.uncompressed = self._make_uncompressed()
