@@ -195,8 +195,8 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         kscale = broadcast_rows(codec.key_scale, B)
     mask_kind, mask_arg = _mask_input(mask, (B, n_q_heads, L, n_tokens))
 
-    n_rows = min(G * L, MAX_ROW_VALUES // D)
-    row_groups = math.ceil(G * L / n_rows)
+    query_rows = min(G * L, MAX_ROW_VALUES // D)
+    row_groups = math.ceil(G * L / query_rows)
     n_slices = _slices(n_tokens, B * H * row_groups)
     has_exact = n_exact + n_sinks > 0
     n_parts = n_slices + has_exact
@@ -240,7 +240,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             ("D", D),
             ("G", G),
             ("L", L),
-            ("R", n_rows),
+            ("R", query_rows),
             ("KB", codec.scheme.key_bits),
             ("VB", codec.scheme.value_bits),
             ("NW", WARPS),
@@ -256,7 +256,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         grid=(n_parts * 32 * WARPS, groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
         # each group's parts (query rows x D) and their (max, sum)
-        output_shapes=[queries.shape, (groups * n_parts * n_rows * (D + 2),)],
+        output_shapes=[queries.shape, (groups * n_parts * query_rows * (D + 2),)],
         output_dtypes=[dtype, mx.float32],
     )
     _LAYER_CALLS[codec] = (counters, out)
