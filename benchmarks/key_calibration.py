@@ -30,6 +30,8 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import TurboQuantKVCache, make_prompt_cache
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
+from mlx_lm_turbo.codec.packing import packed_words
+from mlx_lm_turbo.codec.schemes import parse_scheme
 from mlx_lm_turbo.tools.bench import BOOK as TEXT
 from mlx_lm_turbo.tools.gguf import demo_model_path
 from mlx_lm_turbo.tools.quality import (
@@ -75,6 +77,52 @@ def with_recent_exact(cache, window):
     return cache
 
 
+def all_in_bits(scheme, attention, tokens, sinks, recent, exact_bits=16):
+    """Bits per cached value, all in, where every layer is compressed alike (boundary
+    skip 0): the stored rows, and the exact tokens at ``exact_bits`` (as an fp16 model
+    holds them): the sink tokens twice (as the model gave them and in the attention
+    domain), the recent ones once."""
+    scheme = parse_scheme(scheme)
+    key_dim = attention.k_proj.weight.shape[0] // attention.n_kv_heads
+    value_dim = attention.v_proj.weight.shape[0] // attention.n_kv_heads
+    row_bits = 32 * (
+        (packed_words(key_dim, scheme.key_bits) if scheme.key_bits else 0)
+        + packed_words(value_dim, scheme.value_bits)
+        + 1
+    )
+    if not scheme.key_bits:
+        row_bits += key_dim * exact_bits
+    exact = min(2 * sinks + max(recent - 1, 0), tokens)
+    return (row_bits + exact * exact_bits * (key_dim + value_dim) / tokens) / (
+        key_dim + value_dim
+    )
+
+
+def print_table(rows, prefill, decode, attention):
+    tokens = prefill + decode
+    print(
+        f"\n{prefill}-token prefill, {decode} teacher-forced decode steps; "
+        f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}; bits per value all in "
+        f"at {tokens} tokens, exact tokens counted at 16 bits (boundary skip 0 only)\n"
+    )
+    print(
+        "| cache | key calibration | boundary skip | sink tokens | recent exact "
+        "| bits/value all in | KL vs fp16 | top-1 | perplexity |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        bits = "4.500" if r["cache"].startswith("affine4") else "-"
+        if r["boundary_skip"] == 0:
+            recent = r.get("recent_exact", TurboQuantKVCache.exact_window)
+            bits = all_in_bits(r["cache"], attention, tokens, r["sink_tokens"], recent)
+            bits = f"{bits:.3f}"
+        print(
+            f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | "
+            f"{r['sink_tokens']} | {r.get('recent_exact', '-')} | {bits} | {r['kl']:.4f} "
+            f"| {r['top1']:.3f} | {r['ppl']:.2f} |"
+        )
+
+
 def affine_logprobs(model, tokens, prefill, bits):
     return teacher_forced_logprobs(
         model, tokens, mlx_make_prompt_cache(model), prefill, affine_after_prefill(bits)
@@ -113,9 +161,15 @@ def main():
         help="keys each query reads exactly, itself included (see above)",
     )
     parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument(
+        "--table-from", default=None, help="print the table of a saved --json and stop"
+    )
     args = parser.parse_args()
 
     model, tokenizer = load(str(args.model or demo_model_path()))
+    if args.table_from:
+        rows = json.loads(Path(args.table_from).read_text())
+        return print_table(rows, args.prefill, args.decode, model.layers[0].self_attn)
     text = TEXT.read_text()
     start = len(text) // 10  # past the front matter
     tokens = mx.array(
@@ -182,20 +236,7 @@ def main():
                         recent,
                     )
 
-    print(
-        f"\n{args.prefill}-token prefill, {args.decode} teacher-forced decode steps; "
-        f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}\n"
-    )
-    print(
-        "| cache | key calibration | boundary skip | sink tokens | recent exact | KL vs fp16 "
-        "| top-1 | perplexity |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | {r['sink_tokens']} | "
-            f"{r['recent_exact']} | {r['kl']:.4f} | {r['top1']:.3f} | {r['ppl']:.2f} |"
-        )
+    print_table(rows, args.prefill, args.decode, model.layers[0].self_attn)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
