@@ -13,8 +13,8 @@ is the reference point.
         [--recent-exact 1 16 64]
 
 ``--recent-exact W`` tries a lever of issue 14: each query also reads the W - 1 tokens
-before it exactly (kept in the attention domain, W - 1 tokens a layer), by a cache
-that holds them here only (not saved, trimmed or batched: a measurement).
+before it exactly (kept in the attention domain, W - 1 tokens a layer), by caches
+that hold them here only (not saved, trimmed or batched: a measurement).
 """
 
 import argparse
@@ -28,10 +28,12 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
-from mlx_lm_turbo import TurboQuantKVCache, make_prompt_cache
+from mlx_lm_turbo import (
+    TurboQuantKVCache,
+    TurboQuantRotatingKVCache,
+    make_prompt_cache,
+)
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
-from mlx_lm_turbo.codec.packing import packed_words
-from mlx_lm_turbo.codec.schemes import parse_scheme
 from mlx_lm_turbo.tools.bench import BOOK as TEXT
 from mlx_lm_turbo.tools.gguf import demo_model_path
 from mlx_lm_turbo.tools.quality import (
@@ -48,12 +50,11 @@ def with_sink_tokens(cache, n):
     return cache
 
 
-class RecentExactKVCache(TurboQuantKVCache):
-    """A full-attention turbo cache whose queries also read the tokens just before
-    them exactly: the exact tail handed to attention is the chunk plus the recent
-    tokens before it, read within a window of ``exact_window`` keys."""
-
-    recent = None
+class _RecentExact:
+    """A turbo cache whose queries also read the tokens just before them exactly: the
+    exact tail handed to attention is the chunk plus the recent tokens before it,
+    read within a window of ``exact_window`` keys. (A sliding window then appends
+    each decode token in temporal order, as it does for a prefill chunk.)"""
 
     def _update_compressed(self, stored, exact_keys, exact_values):
         if self.recent is not None:
@@ -61,49 +62,61 @@ class RecentExactKVCache(TurboQuantKVCache):
                 mx.concatenate([r, a], axis=2)
                 for r, a in zip(self.recent, (exact_keys, exact_values))
             )
-        keep = self.exact_window - 1
+        keep = min(self.exact_window, getattr(self, "max_size", self.exact_window)) - 1
         self.recent = tuple(
             mx.contiguous(a[:, :, -keep:]) for a in (exact_keys, exact_values)
         )
         return super()._update_compressed(stored, exact_keys, exact_values)
 
 
+class RecentExactKVCache(_RecentExact, TurboQuantKVCache):
+    pass
+
+
+class RecentExactRotatingKVCache(_RecentExact, TurboQuantRotatingKVCache):
+    pass
+
+
+TurboQuantKVCache.recent = TurboQuantRotatingKVCache.recent = None  # for all_in_bits
+
+
+RECENT_EXACT = {
+    TurboQuantKVCache: RecentExactKVCache,
+    TurboQuantRotatingKVCache: RecentExactRotatingKVCache,
+}
+
+
 def with_recent_exact(cache, window):
     if window > 1:
         for c in cache:
-            if type(c) is TurboQuantKVCache:
-                c.__class__ = RecentExactKVCache
+            if type(c) in RECENT_EXACT:
+                c.__class__ = RECENT_EXACT[type(c)]
                 c.exact_window = window
     return cache
 
 
-def all_in_bits(scheme, attention, tokens, sinks, recent, exact_bits=16):
-    """Bits per cached value, all in, where every layer is compressed alike (boundary
-    skip 0): the stored rows, and the exact tokens at ``exact_bits`` (as an fp16 model
-    holds them): the sink tokens twice (as the model gave them and in the attention
-    domain), the recent ones once."""
-    scheme = parse_scheme(scheme)
-    key_dim = attention.k_proj.weight.shape[0] // attention.n_kv_heads
-    value_dim = attention.v_proj.weight.shape[0] // attention.n_kv_heads
-    row_bits = 32 * (
-        (packed_words(key_dim, scheme.key_bits) if scheme.key_bits else 0)
-        + packed_words(value_dim, scheme.value_bits)
-        + 1
-    )
-    if not scheme.key_bits:
-        row_bits += key_dim * exact_bits
-    exact = min(2 * sinks + max(recent - 1, 0), tokens)
-    return (row_bits + exact * exact_bits * (key_dim + value_dim) / tokens) / (
-        key_dim + value_dim
-    )
+def all_in_bits(cache, exact_bits=16):
+    """Bits per cached value, all in, of turbo caches after a run: the stored rows of
+    the tokens each layer holds, and its exact tokens at ``exact_bits`` (as an fp16
+    model holds them): sink tokens twice (as the model gave them and in the attention
+    domain), recent ones once."""
+    total = values = 0
+    for c in cache:
+        if getattr(c, "codec", None) is None:
+            return None  # a layer left uncompressed: not comparable
+        stored = c._stored_slice()
+        per_token = c.codec.n_kv_heads * (c.codec.key_dim + c.codec.value_dim)
+        exact = 2 * c._sink_count() + (0 if c.recent is None else c.recent[0].shape[2])
+        total += 8 * sum(a.nbytes for a in stored) + exact * per_token * exact_bits
+        values += stored[-1].shape[2] * per_token
+    return total / values
 
 
-def print_table(rows, prefill, decode, attention):
-    tokens = prefill + decode
+def print_table(rows, prefill, decode):
     print(
         f"\n{prefill}-token prefill, {decode} teacher-forced decode steps; "
-        f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}; bits per value all in "
-        f"at {tokens} tokens, exact tokens counted at 16 bits (boundary skip 0 only)\n"
+        f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}; bits per value all in at "
+        "the end, exact tokens counted at 16 bits\n"
     )
     print(
         "| cache | key calibration | boundary skip | sink tokens | recent exact "
@@ -111,11 +124,7 @@ def print_table(rows, prefill, decode, attention):
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        bits = "4.500" if r["cache"].startswith("affine4") else "-"
-        if r["boundary_skip"] == 0:
-            recent = r.get("recent_exact", TurboQuantKVCache.exact_window)
-            bits = all_in_bits(r["cache"], attention, tokens, r["sink_tokens"], recent)
-            bits = f"{bits:.3f}"
+        bits = "-" if r.get("bits_all_in") is None else f"{r['bits_all_in']:.3f}"
         print(
             f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | "
             f"{r['sink_tokens']} | {r.get('recent_exact', '-')} | {bits} | {r['kl']:.4f} "
@@ -169,7 +178,7 @@ def main():
     model, tokenizer = load(str(args.model or demo_model_path()))
     if args.table_from:
         rows = json.loads(Path(args.table_from).read_text())
-        return print_table(rows, args.prefill, args.decode, model.layers[0].self_attn)
+        return print_table(rows, args.prefill, args.decode)
     text = TEXT.read_text()
     start = len(text) // 10  # past the front matter
     tokens = mx.array(
@@ -183,13 +192,14 @@ def main():
     )
     rows = []
 
-    def record(name, calibration, skip, sinks, logprobs, t0, recent="-"):
+    def record(name, calibration, skip, sinks, logprobs, t0, recent="-", bits=None):
         row = {
             "cache": name,
             "key_calibration": calibration,
             "boundary_skip": skip,
             "sink_tokens": sinks,
             "recent_exact": recent,
+            "bits_all_in": bits,
             **compare(reference, logprobs, targets),
             "seconds": round(time.time() - t0, 1),
         }
@@ -204,6 +214,7 @@ def main():
         "-",
         affine_logprobs(model, tokens, args.prefill, 4),
         t0,
+        bits=4 + 2 * 16 / 64,  # an fp16 scale and bias per 64 values
     )
     for scheme in args.schemes:
         for skip in args.boundary_skip:
@@ -221,22 +232,13 @@ def main():
                         ),
                         sinks,
                     )
-                    record(
-                        scheme,
-                        calibration,
-                        skip,
-                        sinks,
-                        teacher_forced_logprobs(
-                            model,
-                            tokens,
-                            with_recent_exact(cache, recent),
-                            args.prefill,
-                        ),
-                        t0,
-                        recent,
+                    logprobs = teacher_forced_logprobs(
+                        model, tokens, with_recent_exact(cache, recent), args.prefill
                     )
+                    bits = all_in_bits(cache)
+                    record(scheme, calibration, skip, sinks, logprobs, t0, recent, bits)
 
-    print_table(rows, args.prefill, args.decode, model.layers[0].self_attn)
+    print_table(rows, args.prefill, args.decode)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
