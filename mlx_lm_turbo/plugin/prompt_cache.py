@@ -19,8 +19,11 @@ def plan(
     boundary_skip: int = DEFAULT_BOUNDARY_SKIP,
     max_kv_size: Optional[int] = None,
     model_path: Optional[str] = None,
+    layer_schemes: Optional[dict] = None,
 ):
-    """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply."""
+    """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply.
+
+    ``layer_schemes`` ({cache entry: scheme}) wins over the overrides' per-layer schemes."""
     scheme = parse_scheme(kv_scheme)
     if scheme is None:
         raise ValueError("plan() needs a TurboQuant scheme, not 'none'.")
@@ -35,7 +38,11 @@ def plan(
         )
     scheme = parse_scheme(override.get("scheme", scheme))
     layer_schemes = {
-        i: parse_scheme(s) for i, s in override.get("layer_schemes", {}).items()
+        i: parse_scheme(s)
+        for i, s in {
+            **override.get("layer_schemes", {}),
+            **(layer_schemes or {}),
+        }.items()
     }
     skip_from = (
         "an override" if "boundary_skip" in override else "--turbo-boundary-skip"
@@ -95,13 +102,15 @@ def make_prompt_cache(
     seed: int = 0,
     key_calibration: Optional[str] = None,
     model_path: Optional[str] = None,
+    layer_schemes: Optional[dict] = None,
 ):
     """mlx-lm's ``make_prompt_cache`` with every KV cache replaced by a TurboQuant one.
 
     The model's adapter decides which caches are compressed; boundary layers are
     counted among layers that have a KV cache, so hybrid models protect their
     first and last attention layers, not raw indices. Overrides matching the
-    model type or ``model_path`` apply. ``kv_scheme="none"`` gives mlx-lm's caches.
+    model type or ``model_path`` apply, then ``layer_schemes`` ({cache entry: scheme}).
+    ``kv_scheme="none"`` gives mlx-lm's caches.
     """
     if parse_scheme(kv_scheme) is None:
         return mlx_make_prompt_cache(model, max_kv_size)
@@ -111,6 +120,7 @@ def make_prompt_cache(
         boundary_skip=boundary_skip,
         max_kv_size=max_kv_size,
         model_path=model_path,
+        layer_schemes=layer_schemes,
     )
     install_attention_dispatch()
     register_cache_classes()
