@@ -24,7 +24,6 @@ KEY_WIDTHS = (2, 3, 4, 8)
 VALUE_WIDTHS = (2, 3, 4, 8)
 NORM_BITS = 16  # one fp16 norm per stored vector
 ATTENTION = "scaled_dot_product_attention"  # where models attend (mlx_lm.models.base)
-EXACT_BITS = 16  # sink tokens are also kept exact, in the model's 16-bit dtype
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,7 @@ class LayerShape:
     value_dim: int
     tokens: int  # tokens held (a sliding window holds at most its size)
     sink_tokens: int  # exact copies held besides the compressed ones
+    exact_bits: int = 16  # the model's dtype, which exact keys and sink tokens keep
 
     @property
     def values(self):
@@ -45,7 +45,7 @@ class LayerShape:
     def key_bits(self, width):
         """Stored bits of one token's keys (one KV head) at this width (0: exact)."""
         if width == 0:
-            return EXACT_BITS * self.key_dim
+            return self.exact_bits * self.key_dim
         return width * self.key_dim + NORM_BITS
 
     def value_bits(self, width):
@@ -55,7 +55,7 @@ class LayerShape:
         return (
             self.sink_tokens
             * self.kv_heads
-            * EXACT_BITS
+            * self.exact_bits
             * (self.key_dim + self.value_dim)
         )
 
@@ -277,9 +277,16 @@ def layer_shapes(model, context: int):
         held = min(context, window) if window else context
         # A sliding window lets its exact sink tokens go once past them.
         sinks = c.sink_tokens if not window or context < window + c.sink_tokens else 0
+        codec = c.codec
         shapes.append(
             LayerShape(
-                i, c.codec.n_kv_heads, c.codec.key_dim, c.codec.value_dim, held, sinks
+                i,
+                codec.n_kv_heads,
+                codec.key_dim,
+                codec.value_dim,
+                held,
+                sinks,
+                8 * c.sinks[0].dtype.size,  # float32 on CPU for some models
             )
         )
     return shapes
