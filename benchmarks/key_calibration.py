@@ -18,6 +18,7 @@ that hold them here only (not saved, trimmed or batched: a measurement).
 """
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -34,6 +35,9 @@ from mlx_lm_turbo import (
     make_prompt_cache,
 )
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
+from mlx_lm_turbo.codec.schemes import parse_scheme
+from mlx_lm_turbo.tools.allocate import all_in_bits as allocated_bits
+from mlx_lm_turbo.tools.allocate import layer_shapes
 from mlx_lm_turbo.tools.bench import BOOK as TEXT
 from mlx_lm_turbo.tools.gguf import demo_model_path
 from mlx_lm_turbo.tools.quality import (
@@ -56,6 +60,8 @@ class _RecentExact:
     read within a window of ``exact_window`` keys. (A sliding window then appends
     each decode token in temporal order, as it does for a prefill chunk.)"""
 
+    recent = None
+
     def _update_compressed(self, stored, exact_keys, exact_values):
         if self.recent is not None:
             exact_keys, exact_values = (
@@ -77,9 +83,6 @@ class RecentExactRotatingKVCache(_RecentExact, TurboQuantRotatingKVCache):
     pass
 
 
-TurboQuantKVCache.recent = TurboQuantRotatingKVCache.recent = None  # for all_in_bits
-
-
 RECENT_EXACT = {
     TurboQuantKVCache: RecentExactKVCache,
     TurboQuantRotatingKVCache: RecentExactRotatingKVCache,
@@ -95,28 +98,24 @@ def with_recent_exact(cache, window):
     return cache
 
 
-def all_in_bits(cache, exact_bits=16):
-    """Bits per cached value, all in, of turbo caches after a run: the stored rows of
-    the tokens each layer holds, and its exact tokens at ``exact_bits`` (as an fp16
-    model holds them): sink tokens twice (as the model gave them and in the attention
-    domain), recent ones once."""
-    total = values = 0
-    for c in cache:
-        if getattr(c, "codec", None) is None:
-            return None  # a layer left uncompressed: not comparable
-        stored = c._stored_slice()
-        per_token = c.codec.n_kv_heads * (c.codec.key_dim + c.codec.value_dim)
-        exact = 2 * c._sink_count() + (0 if c.recent is None else c.recent[0].shape[2])
-        total += 8 * sum(a.nbytes for a in stored) + exact * per_token * exact_bits
-        values += stored[-1].shape[2] * per_token
-    return total / values
+def all_in_bits(model, tokens, scheme, recent):
+    """Bits per value all in at ``tokens`` tokens, every layer at ``scheme``, counted as
+    tools/allocate.py counts them (codes, norms, one exact copy of the sink tokens in
+    the model's dtype), with the recent tokens held exactly counted like sink tokens."""
+    shapes = [
+        dataclasses.replace(s, sink_tokens=s.sink_tokens + min(recent, s.tokens) - 1)
+        for s in layer_shapes(model, tokens)
+    ]
+    scheme = parse_scheme(scheme)
+    return allocated_bits(shapes, {s.index: scheme for s in shapes})
 
 
-def print_table(rows, prefill, decode):
+def print_table(rows, prefill, decode, model):
+    tokens = prefill + decode - 1  # the last target is predicted, never cached
     print(
         f"\n{prefill}-token prefill, {decode} teacher-forced decode steps; "
         f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}; bits per value all in at "
-        "the end, exact tokens counted at 16 bits\n"
+        f"{tokens} tokens (boundary skip 0)\n"
     )
     print(
         "| cache | key calibration | boundary skip | sink tokens | recent exact "
@@ -124,7 +123,10 @@ def print_table(rows, prefill, decode):
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        bits = "-" if r.get("bits_all_in") is None else f"{r['bits_all_in']:.3f}"
+        bits = "4.500" if r["cache"].startswith("affine4") else "-"
+        if r["boundary_skip"] == 0:
+            recent = r.get("recent_exact", TurboQuantKVCache.exact_window)
+            bits = f"{all_in_bits(model, tokens, r['cache'], recent):.3f}"
         print(
             f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | "
             f"{r['sink_tokens']} | {r.get('recent_exact', '-')} | {bits} | {r['kl']:.4f} "
@@ -178,7 +180,7 @@ def main():
     model, tokenizer = load(str(args.model or demo_model_path()))
     if args.table_from:
         rows = json.loads(Path(args.table_from).read_text())
-        return print_table(rows, args.prefill, args.decode)
+        return print_table(rows, args.prefill, args.decode, model)
     text = TEXT.read_text()
     start = len(text) // 10  # past the front matter
     tokens = mx.array(
@@ -192,14 +194,13 @@ def main():
     )
     rows = []
 
-    def record(name, calibration, skip, sinks, logprobs, t0, recent="-", bits=None):
+    def record(name, calibration, skip, sinks, logprobs, t0, recent="-"):
         row = {
             "cache": name,
             "key_calibration": calibration,
             "boundary_skip": skip,
             "sink_tokens": sinks,
             "recent_exact": recent,
-            "bits_all_in": bits,
             **compare(reference, logprobs, targets),
             "seconds": round(time.time() - t0, 1),
         }
@@ -214,7 +215,6 @@ def main():
         "-",
         affine_logprobs(model, tokens, args.prefill, 4),
         t0,
-        bits=4 + 2 * 16 / 64,  # an fp16 scale and bias per 64 values
     )
     for scheme in args.schemes:
         for skip in args.boundary_skip:
@@ -235,10 +235,9 @@ def main():
                     logprobs = teacher_forced_logprobs(
                         model, tokens, with_recent_exact(cache, recent), args.prefill
                     )
-                    bits = all_in_bits(cache)
-                    record(scheme, calibration, skip, sinks, logprobs, t0, recent, bits)
+                    record(scheme, calibration, skip, sinks, logprobs, t0, recent)
 
-    print_table(rows, args.prefill, args.decode)
+    print_table(rows, args.prefill, args.decode, model)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
