@@ -15,3 +15,27 @@ def compared_schemes(parser, names, baseline):
             f"--schemes lists TurboQuant schemes to compare with {baseline}; drop 'none'."
         )
     return schemes
+
+
+def generate(model, tokenizer, prompt, cache, max_tokens):
+    """Greedy generation through mlx-lm's ``stream_generate``: (text, token ids, the
+    last response, which carries the speeds)."""
+    from mlx_lm.generate import stream_generate  # the tools that generate pay for it
+
+    text, tokens, last = "", [], None
+    for last in stream_generate(
+        model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
+    ):
+        text += last.text
+        tokens.append(last.token)
+    return text, tokens, last
+
+
+def leading_equal(reference, other):
+    """How many leading tokens two generations share."""
+    n = 0
+    for a, b in zip(reference, other):
+        if a != b:
+            break
+        n += 1
+    return n

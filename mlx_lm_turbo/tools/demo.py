@@ -9,25 +9,19 @@ import argparse
 import time
 
 import mlx.core as mx
-from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
-from . import compared_schemes
+from . import compared_schemes, generate, leading_equal
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
 
 def _run(model, tokenizer, prompt, cache, max_tokens):
     start = time.perf_counter()
-    text, tokens, last = "", [], None
-    for last in stream_generate(
-        model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
-    ):
-        text += last.text
-        tokens.append(last.token)
+    text, tokens, last = generate(model, tokenizer, prompt, cache, max_tokens)
     return {
         "text": text,
         "tokens": tokens,
@@ -36,16 +30,6 @@ def _run(model, tokenizer, prompt, cache, max_tokens):
         "generation_tps": last.generation_tps,
         "kv_bytes": sum(c.nbytes for c in cache),
     }
-
-
-def _agreement(reference, other):
-    """How many leading generated tokens match the reference."""
-    n = 0
-    for a, b in zip(reference, other):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def main(argv=None):
@@ -117,7 +101,7 @@ def main(argv=None):
     )
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in runs:
-        same = _agreement(reference["tokens"], r["tokens"])
+        same = leading_equal(reference["tokens"], r["tokens"])
         print(
             f"| {name} | {r['kv_bytes']:,} | {r['kv_bytes'] / reference['kv_bytes']:.3f}x | "
             f"{r['prompt_tps']:.1f} | {r['generation_tps']:.1f} | {same}/{len(reference['tokens'])} |"

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
@@ -27,7 +26,7 @@ from ..codec.codec import KEY_CALIBRATIONS
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
-from . import compared_schemes
+from . import compared_schemes, generate, leading_equal
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"
 DEFAULT_SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo8")
@@ -74,16 +73,6 @@ def is_correct(text, answers):
     )
 
 
-def leading_equal(reference, other):
-    """How many leading tokens two answers share."""
-    n = 0
-    for a, b in zip(reference, other):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 def prompt_tokens(tokenizer, question):
     """The question through the chat template, tokenized as ``stream_generate`` does a
     text prompt."""
@@ -102,16 +91,8 @@ def prompt_tokens(tokenizer, question):
 
 def ask(model, tokenizer, question, cache, max_tokens):
     """Greedy answer to one question: (text, token ids)."""
-    text, tokens = "", []
-    for part in stream_generate(
-        model,
-        tokenizer,
-        prompt_tokens(tokenizer, question),
-        max_tokens=max_tokens,
-        prompt_cache=cache,
-    ):
-        text += part.text
-        tokens.append(part.token)
+    prompt = prompt_tokens(tokenizer, question)
+    text, tokens, _ = generate(model, tokenizer, prompt, cache, max_tokens)
     return text.strip(), tokens
 
 
