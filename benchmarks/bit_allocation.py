@@ -126,7 +126,7 @@ def main():
     )
     rows = []
 
-    def record(name, plan, cache, bits, logprobs, t0):
+    def record(name, plan, bits, logprobs, t0):
         row = {
             "cache": name,
             "plan": plan,
@@ -136,7 +136,7 @@ def main():
         }
         rows.append(row)
         say(json.dumps(row))
-        if args.json:  # as it goes: a long run stopped early keeps its rows
+        if args.json:  # as it goes: a run stopped early keeps its rows; the last is all
             Path(args.json).write_text(
                 json.dumps(
                     {
@@ -154,7 +154,6 @@ def main():
         record(
             "affine4 (g64)",
             "-",
-            None,
             4.5,
             teacher_forced_logprobs(
                 model,
@@ -170,7 +169,7 @@ def main():
         t0 = time.time()
         cache = make_prompt_cache(model, scheme, **options)
         logprobs = teacher_forced_logprobs(model, tokens, cache, args.prefill)
-        record(name, plan_text, cache, stored_bits(cache), logprobs, t0)
+        record(name, plan_text, stored_bits(cache), logprobs, t0)
 
     for budget in args.budgets:
         plan = allocate(shapes, sens, budget)
@@ -199,18 +198,6 @@ def main():
         print(
             f"| {r['cache']} | {r['bits_per_value']:.3f} | {r['kl']:.4f} | "
             f"{r['kl'] / affine:.2f}x | {r['top1']:.3f} | {r['ppl']:.2f} |"
-        )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "calibration_seconds": calibration_seconds,
-                    "sensitivities": sens,
-                    "rows": rows,
-                },
-                indent=1,
-            )
         )
 
 
