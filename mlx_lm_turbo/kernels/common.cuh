@@ -39,24 +39,6 @@ __device__ __forceinline__ float warp_sum(float x) {
 // exp2 that maps -inf (a masked score, or an empty running max) to 0.
 __device__ __forceinline__ float exp2_or_zero(float x) { return x == -INFINITY ? 0.0f : exp2f(x); }
 
-// The BITS words of one 32-code group of a packed vector, vectorised where aligned.
-template <int BITS, bool VEC>
-__device__ __forceinline__ void load_group(const uint32_t* p, uint32_t (&w)[BITS]) {
-  if constexpr (VEC && BITS % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < BITS; i += 4) {
-      uint4 v = *reinterpret_cast<const uint4*>(p + i);
-      w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
-    }
-  } else if constexpr (VEC && BITS == 2) {
-    uint2 v = *reinterpret_cast<const uint2*>(p);
-    w[0] = v.x; w[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) w[i] = p[i];
-  }
-}
-
 // Code j (0..31) of a group: bits [j * BITS, (j + 1) * BITS) of the group's bit stream.
 // j is a compile-time constant after unrolling, so this is one or two shifts and a mask.
 template <int BITS>

@@ -142,9 +142,6 @@ const T* k_exact = keys;  // turbo0vN: keys as the model made them
 const int64_t k_base = b * keys_strides[0] + h * keys_strides[1];
 const uint32_t* head_rows = rows + b * rows_strides[0] + h * rows_strides[1];
 const int64_t row_stride = rows_strides[2];
-// 16-byte loads of code groups where every row starts 16-byte aligned.
-const bool aligned = (rows_strides[0] | rows_strides[1] | row_stride) % 4 == 0 &&
-                     reinterpret_cast<uintptr_t>(rows) % 16 == 0;
 // A norms word: the key norm in its low half, the value norm in its high half.
 auto norm_of = [](uint32_t word, int half) {
   return __half2float(__ushort_as_half((unsigned short)(word >> (16 * half))));
@@ -211,12 +208,11 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       const uint32_t* row = head_rows + int64_t(t) * row_stride;
 #pragma unroll
       for (int grp = 0; grp < D / 32; ++grp) {
+        // Word loads: a row is KW + VW + 1 words, an odd count, so only every fourth
+        // row starts 16-byte aligned.
         uint32_t w[KBW];
-        if (aligned) {
-          load_group<KBW, true>(row + grp * KBW, w);
-        } else {
-          load_group<KBW, false>(row + grp * KBW, w);
-        }
+#pragma unroll
+        for (int i = 0; i < KBW; ++i) w[i] = row[grp * KBW + i];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const float level = k_levels[group_code<KBW>(w, j)];
