@@ -224,14 +224,17 @@ def reference_attention(queries, view, scale, mask, sinks=None):
     return codec.restore_output(mx.concatenate(outputs, axis=2)).astype(queries.dtype)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    """Blocks of 16 keys, so short test histories span many blocks."""
+@pytest.fixture(params=["whole chunk", "query slices"])
+def small_blocks(monkeypatch, request):
+    """Blocks of 16 keys, so short test histories span many blocks; with query slices,
+    a chunk's queries also go a few rows at a time."""
     import mlx_lm_turbo.cache.attention as attention
 
     monkeypatch.setattr(attention, "DECODE_BLOCK_TOKENS", 16)
     monkeypatch.setattr(attention, "PREFILL_BLOCK_SCORES", 16)
     monkeypatch.setattr(attention, "_MIN_BLOCK_TOKENS", 16)
+    if request.param == "query slices":
+        monkeypatch.setattr(attention, "PREFILL_QUERY_ROWS", 16)
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "window"])

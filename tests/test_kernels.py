@@ -328,30 +328,11 @@ def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
     assert rows and rows[0].endswith(" |") and expected in rows[0]
 
 
-def test_ring_views_no_gpu_run_has_checked_stay_on_the_portable_path_under_auto():
-    from mlx_lm_turbo.kernels.decode_attention import unverified
-
-    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
-    assert unverified(step_inputs(plain, 1, 2, 2, 64, mx.float16)[1]) is None
-    # a window whose first tokens are still in it hands them over at ring positions
-    young = filled_cache(
-        TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16
-    )
-    view = step_inputs(young, 1, 2, 2, 64, mx.float16)[1]
-    assert view.new_keys is None and view.sinks[0].shape[2] > 1
-    assert "first tokens" in unverified(view)
-    # past max_size + 16 tokens only the newest token is exact: checked on the H200
-    old = filled_cache(
-        TurboQuantRotatingKVCache("turbo4", max_size=32), 60, 2, 64, mx.float16
-    )
-    view = step_inputs(old, 1, 2, 2, 64, mx.float16)[1]
-    assert view.sinks[0].shape[2] == 1 and unverified(view) is None
-
-
 @pytest.mark.gpu
 def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
-    # Both were checked against the portable path on the H200 (test_key_calibrations_...,
-    # test_sliding_window_cache), so auto no longer leaves them to the portable path.
+    # Each was checked against the portable path on the H200 (test_key_calibrations_...,
+    # test_sliding_window_cache, test_young_sliding_window_...: benchmarks/results/
+    # decode_kernel_h200_*.md), so auto no longer leaves them to the portable path.
     monkeypatch.setenv(KERNEL_ENV, "auto")
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
     q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
@@ -363,4 +344,10 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     assert (
         view.sinks is not None and view.new_keys is None
     )  # the newest token, held exactly
+    assert fused_decode_attention(q, view, 0.125, mask) is not None
+    young = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16
+    )
+    q, view, mask = step_inputs(young, 1, 2, 2, 64, mx.float16)
+    assert view.new_keys is None and view.sinks[0].shape[2] > 1  # its first tokens
     assert fused_decode_attention(q, view, 0.125, mask) is not None

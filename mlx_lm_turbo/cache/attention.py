@@ -5,7 +5,8 @@ straight into the rotated domain (codebook level times norm, no per-key inverse
 rotation), and the output is rotated back once. The compressed history is read
 in blocks of tokens merged by an online softmax (running maximum, running sum,
 running output), so a layer's transient memory is bounded by a block whatever
-the context: the whole history is never dequantized at once.
+the context: the whole history is never dequantized at once. A long prefill chunk's
+queries go in slices, so the running output is bounded by a slice, not the chunk.
 
 Which keys are read exactly is ``TurboKV``'s rule (see its docstring): the
 sink tokens, and the exact tail within the query's window; every other key is
@@ -33,6 +34,11 @@ _COMPUTE_DTYPE = mx.float32
 # --blocks; benchmarks/results/decode_attention_blockwise_cpu.md).
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << 21
+# Query rows (batch x query heads x queries) one pass over the history accumulates:
+# its float32 running output, query and merge temporaries are each 8 MiB at head_dim
+# 128. A longer chunk goes in slices of queries, each reading the history again (the
+# dequantizing is small next to the matmuls; a causal slice stops at its last query).
+PREFILL_QUERY_ROWS = 1 << 14
 _MIN_BLOCK_TOKENS = 16
 # Where a key is invisible. Finite, so a block whose keys are all invisible merges
 # as zero weight instead of NaN once any visible key follows.
@@ -159,6 +165,36 @@ def _dequantize(codec, stored, start, end):
 
 def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
     """Attention of (B, Hq, L, D) queries over ``kv`` in blocks of keys (see the module doc)."""
+    B, Hq, L, _ = queries.shape
+    first_query = kv.shape[2] - L  # the queries are the last L positions
+    rows = max(1, PREFILL_QUERY_ROWS // (B * Hq))
+    if rows >= L:
+        return _attend_rows(queries, kv, scale, mask, sinks, first_query)
+    slices = []
+    for a in range(0, L, rows):
+        b = min(a + rows, L)
+        out = _attend_rows(
+            queries[:, :, a:b],
+            kv,
+            scale,
+            _mask_rows(mask, a, b),
+            sinks,
+            first_query + a,
+        )
+        mx.eval(out)  # else every slice's running state stays alive until the concat
+        slices.append(out)
+    return mx.concatenate(slices, axis=2)
+
+
+def _mask_rows(mask, start, end):
+    """The model's mask for query rows [start, end): a string mask stays as it is."""
+    if mask is None or isinstance(mask, str) or mask.ndim < 2 or mask.shape[-2] == 1:
+        return mask
+    return mask[..., start:end, :]
+
+
+def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
+    """Attention of (B, Hq, L, D) queries at positions ``first_query`` on over ``kv``."""
     codec = kv.codec
     B, Hq, L, _ = queries.shape
     Hkv = codec.n_kv_heads
@@ -166,7 +202,10 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
     T = kv.shape[2]
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
     history_end = T - n_exact  # keys before this exist only compressed (or as sinks)
-    query_positions = mx.arange(T - L, T)
+    query_positions = mx.arange(first_query, first_query + L)
+    last_query = first_query + L - 1
+    # A causal query sees no key after itself: the slice's reading stops there.
+    key_end = last_query + 1 if isinstance(mask, str) else T
 
     q = codec.prepare_queries(queries).astype(_COMPUTE_DTYPE) * scale
     q = q.reshape(B, Hkv, G, L, -1)
@@ -219,7 +258,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
         ]
 
     step = block_tokens(B * Hq, L)
-    for start in range(0, history_end, step):
+    for start in range(0, min(history_end, key_end), step):
         end = min(start + step, history_end)
         keys, values = _dequantize(codec, kv.stored, start, end)
         sink = is_sink(start, end)
@@ -233,7 +272,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
 
     # The exact tail: read exactly within each query's window, compressed beyond it.
     window = kv.window
-    for start in range(history_end, T, step):
+    for start in range(history_end, key_end, step):
         end = min(start + step, T)
         exact_keys = kv.new_keys[:, :, start - history_end : end - history_end].astype(
             _COMPUTE_DTYPE
@@ -244,7 +283,7 @@ def blockwise_attention(queries, kv: TurboKV, scale, mask, sinks=None):
         block_mask = _mask_block(mask, query_positions, start, end, Hkv)
         scores = state.scores(exact_keys)
         if (
-            window is None or start > T - 1 - window
+            window is None or start > last_query - window
         ):  # every query reads this block exactly
             state.add(_masked(scores, block_mask), exact_values)
             state.settle()
