@@ -29,6 +29,12 @@ STEPS = 8
 # the neighbouring code. Measured: up to 0.024, and 0.043 (qwen3, 16-token chunks) under
 # the project's own rotation signs. Before the rule, chunking moved them by 0.15 to 0.47.
 ROUNDING = 0.06
+# On MLX-CUDA (float32 matmuls asked for, tests/conftest.py) other float32 kernels still
+# round differently per shape; measured on the H200: up to 0.12 (gemma4_text's sliding
+# windows, 16-token chunks) with the greedy tokens equal; before sliding windows kept
+# sink tokens, chunking moved them by 0.3 to 6.6. CPU keeps ROUNDING.
+ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+GPU_ROUNDING = 0.2
 
 
 def run(model, prompt, cache, step):
@@ -144,9 +150,10 @@ def test_sliding_window_models_generate_the_same_for_every_prefill_step_size(
         for step in (64, 16, 8, 7, 1)
     }
     tokens, logprobs = runs[64]
+    bound = GPU_ROUNDING if ON_CUDA else ROUNDING
     for step, (t, p) in runs.items():
         assert t == tokens, step
-        assert (p - logprobs).abs().max().item() < ROUNDING, step
+        assert (p - logprobs).abs().max().item() < bound, step
 
 
 @pytest.mark.parametrize("shared", [10, 40])  # inside / past the window's sink tokens
