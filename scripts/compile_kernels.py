@@ -103,6 +103,12 @@ def main():
     parser.add_argument(
         "--every", type=int, default=41, help="compile every n-th attention variant"
     )
+    parser.add_argument(
+        "--variants",
+        type=int,
+        nargs="*",
+        help="compile these attention variants only (54: the decode benchmark's)",
+    )
     args = parser.parse_args()
     from mlx_lm_turbo.kernels.decode_attention import INPUTS
     from mlx_lm_turbo.kernels.dispatch import source
@@ -112,7 +118,12 @@ def main():
 
     units = []
     variants = list(attention_variants())
-    for dtype, template in variants[:: args.every]:
+    chosen = (
+        [variants[i] for i in args.variants]
+        if args.variants is not None
+        else variants[:: args.every]
+    )
+    for dtype, template in chosen:
         types = {
             "q": dtype,
             "keys": dtype,
@@ -138,11 +149,15 @@ def main():
             )
         )
     encode_body = source("encode.cu")
-    for dtype, D, (KB, VB) in list(
-        itertools.product(
-            ("float16", "float32"), (64, 128, 256), ((4, 4), (3, 3), (2, 8), (0, 4))
-        )
-    )[:: args.every // 8 or 1]:
+    for dtype, D, (KB, VB) in (
+        list(
+            itertools.product(
+                ("float16", "float32"), (64, 128, 256), ((4, 4), (3, 3), (2, 8), (0, 4))
+            )
+        )[:: args.every // 8 or 1]
+        if args.variants is None
+        else []
+    ):
         units.append(
             wrap(
                 "encode",

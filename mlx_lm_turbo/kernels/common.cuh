@@ -49,6 +49,36 @@ __device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[BITS], int j)
   return v & ((1u << BITS) - 1u);
 }
 
+// The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
+// from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
+// followed by more of the row, so reading the next word stays inside it).
+template <int BITS>
+__device__ __forceinline__ uint32_t pair_code(const uint32_t* stream, int p) {
+  const int bit = p * 2 * BITS, word = bit >> 5, shift = bit & 31;
+  uint32_t v = stream[word] >> shift;
+  if ((32 % (2 * BITS)) != 0 && shift + 2 * BITS > 32) v |= stream[word + 1] << (32 - shift);
+  return v & ((1u << (2 * BITS)) - 1u);
+}
+
+// D (16 x 8, f32) += A (16 x 16, f16, row-major fragments) x B (16 x 8, f16): one warp,
+// the tensor cores (sm_80+). PTX's fragment layout: lane = 4 * group + t holds A's
+// rows group and group + 8 at columns 2t, 2t + 1 (and + 8), B's column group at rows
+// 2t, 2t + 1 (and + 8), D's rows group and group + 8 at columns 2t, 2t + 1.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as one f16x2 register, the first in the low half.
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // N consecutive floats of shared memory in as few loads as their alignment allows
 // (the compiler does not merge them by itself).
 template <int N>

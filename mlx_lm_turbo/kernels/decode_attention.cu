@@ -19,6 +19,16 @@ constexpr int ROWS = G * L;  // query rows per KV head
 constexpr int NRG = (ROWS + R - 1) / R;
 constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
 constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
+// Key scores on the tensor cores where a pair of key codes indexes a small table of
+// level pairs (2-4 bits) and a tile's whole rows fit the staging memory: each warp
+// multiplies its query rows (fp16 fragments, kept in registers) by 8 tokens' decoded
+// keys at a time instead of reading every query value from shared memory per dim.
+constexpr int RW = NORMS + 1;  // words per row
+constexpr bool KEY_MMA = KB >= 2 && KB <= 4 && D % 16 == 0 && NW * 32 * RW * 4 <= 36 * 1024;
+// What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
+// row's staging starts in the row, and where its value codes sit in the stage.
+constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
+constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 
 // Sizes come with the arrays, so no per-call scalars need uploading.
 constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
@@ -39,11 +49,14 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 __shared__ float v_levels[1 << VB];
 __shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights x value norms
 __shared__ float warp_m[NW][R], warp_l[NW][R];
-// Each warp stages a tile's value codes here (one global round trip per tile, not
-// per token); once every tile is done the same memory merges the warps' outputs.
-constexpr int STAGE_WORDS = NW * 32 * VW, ACC_FLOATS = NW * R * D;
+// Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
+// not per token); once every tile is done the same memory merges the warps' outputs.
+constexpr int STAGE_WORDS = NW * 32 * STAGE_STRIDE, ACC_FLOATS = NW * R * D;
 __shared__ uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
-uint32_t* v_stage = scratch + warp * 32 * VW;
+uint32_t* stage = scratch + warp * 32 * STAGE_STRIDE;
+// KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots.
+__shared__ uint32_t k_pairs[KEY_MMA ? 1 << (2 * KB) : 1];
+__shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
 // -- the query rows: key calibration scale, rotation, softmax scale, log2(e)
@@ -64,6 +77,11 @@ if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
 for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
+if constexpr (KEY_MMA) {
+  for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
+    k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
+  }
+}
 __syncthreads();
 if constexpr (KB > 0) hadamard_rows<D>(q_rows, R);
 const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
@@ -71,6 +89,24 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   q_t[(idx % D) * R + idx / D] = q_rows[idx] * q_scale;
 }
 __syncthreads();
+// KEY_MMA: this lane's parts of the query rows as A fragments, one per 16 dims.
+const int frag_group = lane >> 2, frag_t = lane & 3;
+uint32_t q_frag[KEY_MMA ? D / 16 : 1][4];
+if constexpr (KEY_MMA) {
+  // rows group + 8 exist only where R > 8 (head_dim 64)
+  auto q_at = [&](int row, int d) { return row < R ? q_t[d * R + row] : 0.0f; };
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int d = ks * 16 + 2 * frag_t;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // columns 2t, 2t + 1, then 8 on
+      const int dd = d + 8 * half;
+      q_frag[ks][2 * half] = pack_half2(q_at(frag_group, dd), q_at(frag_group, dd + 1));
+      q_frag[ks][2 * half + 1] =
+          R > 8 ? pack_half2(q_at(frag_group + 8, dd), q_at(frag_group + 8, dd + 1)) : 0u;
+    }
+  }
+}
 
 // The sink positions of this row, once per block: usually one run of consecutive
 // positions (a sequence's first tokens), checked by a range instead of a scan.
@@ -167,9 +203,36 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
   const int item = first + lane;
   const int n_items = min(32, end - first);
   if constexpr (!EXACT) {
-    for (int idx = lane; idx < n_items * VW; idx += 32) {
-      v_stage[idx] = head_rows[int64_t(first + idx / VW) * row_stride + KW + idx % VW];
+    for (int idx = lane; idx < n_items * STAGE_STRIDE; idx += 32) {
+      stage[idx] = head_rows[int64_t(first + idx / STAGE_STRIDE) * row_stride +
+                             STAGE_FROM + idx % STAGE_STRIDE];
     }
+  }
+  if constexpr (!EXACT && KEY_MMA) {
+    // Raw key dots of the tile's tokens, 8 at a time: B's column `frag_group` is token
+    // 8 * nt + frag_group, its rows 2t, 2t + 1 (+ 8) one pair of codes each. Rows past
+    // n_items hold stale words; only their own columns see them, and nothing reads those.
+    __syncwarp();
+    for (int nt = 0; nt * 8 < n_items; ++nt) {
+      const uint32_t* key_codes = stage + (nt * 8 + frag_group) * RW;
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint32_t b0 = k_pairs[pair_code<KB>(key_codes, ks * 8 + frag_t)];
+        const uint32_t b1 = k_pairs[pair_code<KB>(key_codes, ks * 8 + 4 + frag_t)];
+        mma_16816(c, q_frag[ks], b0, b1);
+      }
+      const int token = nt * 8 + 2 * frag_t;
+      if (frag_group < R) {
+        tile_dots[warp][token][frag_group] = c[0];
+        tile_dots[warp][token + 1][frag_group] = c[1];
+      }
+      if (R > 8 && frag_group + 8 < R) {
+        tile_dots[warp][token][frag_group + 8] = c[2];
+        tile_dots[warp][token + 1][frag_group + 8] = c[3];
+      }
+    }
+    __syncwarp();
   }
   if (item < end) {
     float dot[R];
@@ -204,6 +267,13 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
         for (int d = 0; d < D; ++d) accumulate(d, to_float(row[d]));
       }
       value_norm = EXACT ? 1.0f : norm_of(head_rows[int64_t(t) * row_stride + NORMS], 1);
+    } else if constexpr (KEY_MMA) {
+      load_floats<R>(tile_dots[warp][lane], dot);
+      const uint32_t norms = stage[lane * RW + NORMS];
+      const float k_norm = norm_of(norms, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) dot[r] *= k_norm;
+      value_norm = norm_of(norms, 1);
     } else {
       const uint32_t* row = head_rows + int64_t(t) * row_stride;
 #pragma unroll
@@ -265,7 +335,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
     } else {
       constexpr int LANE_BITS = DPL * VB;
-      const uint32_t* row = v_stage + jj * VW;
+      const uint32_t* row = stage + jj * STAGE_STRIDE + STAGE_VALUES;
       const int bit = lane * LANE_BITS, word = bit >> 5, shift = bit & 31;
       uint64_t window_bits = row[word];
       if (shift + LANE_BITS > 32) window_bits |= uint64_t(row[word + 1]) << 32;
