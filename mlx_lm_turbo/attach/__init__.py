@@ -52,6 +52,7 @@ def make_prompt_cache_with_plugin(original):
             boundary_skip=active.boundary_skip,
             max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start,
+            recent_exact=active.recent_exact,
             model_path=active.model_path,
         )
         _announce(model, caches, active.scheme)

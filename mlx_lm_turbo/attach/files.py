@@ -152,11 +152,27 @@ def check_entry(class_name, state):
     meta = _meta(
         meta_text, {**_CACHE_META, **(_ROTATING_META if rotating else {})}, "metadata"
     )
-    check_format(meta)  # a version this one cannot continue: refused with the reason
+    # a version this one cannot continue: refused with the reason
+    version = check_format(meta)
+    recent_keys = recent_values = None
+    if version >= 4:
+        _meta(meta_text, {"recent_exact": int}, "metadata")
+        if meta["recent_exact"] < 1:
+            raise _Bad(
+                f"its metadata has recent_exact={meta['recent_exact']}, expected >= 1"
+            )
+        if len(stored) < 2:
+            raise _Bad("it does not hold the recent-token arrays of its format")
+        recent_keys, recent_values, *stored = stored
     scheme = _scheme(meta["scheme"], "metadata")
     if meta["codec"] is None:
-        if mean is not None or scale is not None or sink_keys is not None:
-            raise _Bad("it has key statistics or sink tokens but no codec")
+        if (
+            mean is not None
+            or scale is not None
+            or sink_keys is not None
+            or recent_keys is not None
+        ):
+            raise _Bad("it has key statistics, sink or recent tokens but no codec")
         _check_uncompressed(meta, stored, rotating)
         return
     codec = _meta(meta["codec"], _CODEC_META, "codec metadata")
@@ -208,6 +224,28 @@ def check_entry(class_name, state):
             raise _Bad(
                 f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], meta['offset'])}"
             )
+    if recent_keys is not None:
+        _array(
+            recent_keys,
+            "the recent-keys array",
+            (None, heads, None, key_dim),
+            dtype,
+            finite=True,
+        )
+        _array(
+            recent_values,
+            "the recent-values array",
+            (recent_keys.shape[0], heads, recent_keys.shape[2], value_dim),
+            dtype,
+            finite=True,
+        )
+        most = min(meta["recent_exact"] - 1, meta["offset"])
+        if recent_keys.shape[2] != most:
+            raise _Bad(
+                f"it keeps {recent_keys.shape[2]} recent tokens, expected {most}"
+            )
+    elif version >= 4 and meta["recent_exact"] > 1 and meta["offset"]:
+        raise _Bad("it reads recent tokens exactly but keeps no copies of them")
 
 
 def _check_uncompressed(meta, stored, rotating):

@@ -89,6 +89,8 @@ class _BatchStatistics:
             None  # (B,) where each row's real tokens end in a right-padded prefill
         )
 
+    recent_exact = 1  # set by the batch forms (a single cache's rule, TurboKV.window)
+
     def _init_sinks(self, rows, sink_tokens):
         # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
         # (B, H, sink_tokens, D) keys and values, of which each row has filled
@@ -366,7 +368,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             exact_keys,
             exact_values,
             self._sink_view(),
-            TurboQuantKVCache.exact_window,
+            self.recent_exact,
         )
         return view, view
 
@@ -675,7 +677,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             ring = BatchRotatingKVCache._update_in_place(self, *packed)
         ring = _unpack_pair(self.codec, *ring)
         self.row_tokens = [a + b for a, b in zip(seen, real)]
-        window = TurboQuantRotatingKVCache.exact_window
+        window = self.recent_exact
         if temporal:  # history in temporal order, then the chunk
             sinks = self._sink_view(seen, n, ring[0].shape[2])
             view = TurboKV(self.codec, ring, exact_keys, exact_values, sinks, window)
