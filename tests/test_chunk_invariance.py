@@ -79,7 +79,9 @@ def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, sh
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
 
-def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
+# recent_exact 8: caches that cannot be trimmed, so the server reuses prefixes untrimmed
+@pytest.mark.parametrize("recent", ["1", "8"])
+def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model, recent):
     # The report: the next request reuses a prefix from the prompt cache that
     # ends inside a message (where the server's own prefill would not split the prompt);
     # its answer, down to the log-probabilities, must be the cold one. (turbo2 on every
@@ -107,7 +109,9 @@ def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
         ["hi", question[:60] + " at length."],
     ):
         server = Server(
-            tiny_model("llama"), "--kv-scheme", "turbo2", "--turbo-boundary-skip", "0"
+            tiny_model("llama"),
+            *("--kv-scheme", "turbo2", "--turbo-boundary-skip", "0"),
+            *("--turbo-recent-exact", recent),
         )
         try:
             for earlier in history:
@@ -424,8 +428,9 @@ def chunked_outputs(cache, chunks, keys, values, queries):
     return mx.concatenate(outs, axis=2)
 
 
+@pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)
 @pytest.mark.parametrize("sliding", [False, True])
-def test_the_uncompressed_start_rule(sliding):
+def test_the_uncompressed_start_rule(sliding, recent):
     # The first N tokens of an uncompressed start N are kept exact for good (as sink
     # tokens): a query before N reads every key exactly and a later one reads them
     # exactly, wherever the chunk that reaches N starts. Before, for N above the 16
@@ -434,8 +439,12 @@ def test_the_uncompressed_start_rule(sliding):
 
     def make(start):
         if sliding:  # a window wider than the prompt: the rule, not the window, decides
-            return TurboQuantRotatingKVCache("turbo4", 128, uncompressed_start=start)
-        return TurboQuantKVCache("turbo4", uncompressed_start=start)
+            return TurboQuantRotatingKVCache(
+                "turbo4", 128, uncompressed_start=start, recent_exact=recent
+            )
+        return TurboQuantKVCache(
+            "turbo4", uncompressed_start=start, recent_exact=recent
+        )
 
     keys, values, queries = window_kv(70)
     exact = mx.fast.scaled_dot_product_attention(
