@@ -356,7 +356,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     "recent tokens": (
         "recent",
         _set(2, recent_exact=3),
-        r"cache 2 \(TurboQuantKVCache\): it keeps 7 recent tokens, more than its 2",
+        r"cache 2 \(TurboQuantKVCache\): it keeps 7 recent tokens, expected 2",
     ),
     "recent copies lost": (
         "recent",

@@ -239,10 +239,13 @@ def check_entry(class_name, state):
             dtype,
             finite=True,
         )
+        # its last recent_exact - 1 tokens (a window's: at least those it can see)
         most = min(meta["recent_exact"] - 1, meta["offset"])
-        if recent_keys.shape[2] > most:
+        least = min(most, meta["max_size"] - 1) if rotating else most
+        if not least <= recent_keys.shape[2] <= most:
             raise _Bad(
-                f"it keeps {recent_keys.shape[2]} recent tokens, more than its {most}"
+                f"it keeps {recent_keys.shape[2]} recent tokens, expected "
+                + (f"{most}" if least == most else f"{least} to {most}")
             )
     elif version >= 4 and meta["recent_exact"] > 1 and meta["offset"]:
         raise _Bad("it reads recent tokens exactly but keeps no copies of them")
