@@ -249,6 +249,59 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 2, 8])
+def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
+    # recent_exact: the exact tail is the 31 tokens before the step and the step,
+    # read exactly within a window of 32 (not yet run on a GPU).
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=32), 700, 2, 128, mx.float16, chunk=300
+    )
+    for step in range(2):
+        q, view, mask = step_inputs(cache, L, 2, 4, 128, mx.float16, seed=30 + step)
+        assert view.window == 32 and view.new_keys.shape[2] == 31 + L
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+def test_batch_rows_with_recent_tokens_read_exactly(monkeypatch):
+    singles = [
+        filled_cache(
+            TurboQuantKVCache("turbo3", recent_exact=32), n, 4, 128, mx.float16, seed=n
+        )
+        for n in (700, 20, 300)
+    ]
+    batch = TurboQuantKVCache.merge(singles)
+    for step in range(2):
+        k = mx.random.normal((3, 4, 1, 128), key=mx.random.key(step)).astype(mx.float16)
+        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(
+            mx.float16
+        )
+        mask = batch.make_mask(1, return_array=True)
+        view, _ = batch.update_and_fetch(k, k)
+        assert view.new_keys.shape[2] == 32
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+def test_sliding_window_hands_its_recent_tokens_over_in_the_ring(monkeypatch):
+    # A window past its first tokens, recent_exact 32: at decode the 31 recent tokens
+    # and the newest are exact at their ring positions (auto leaves this to the
+    # portable path until a GPU run checks it: see unverified()).
+    cache = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=64, recent_exact=32),
+        200,
+        2,
+        128,
+        mx.float16,
+    )
+    for step in range(3):  # the ring wraps
+        mask = cache.make_mask(1, window_size=64)
+        q, view, _ = step_inputs(cache, 1, 2, 4, 128, mx.float16, seed=40 + step)
+        assert view.new_keys is None and view.sinks[0].shape[2] == 32
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     cache = filled_cache(
         TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
@@ -346,6 +399,16 @@ def test_ring_views_no_gpu_run_has_checked_stay_on_the_portable_path_under_auto(
     )
     view = step_inputs(old, 1, 2, 2, 64, mx.float16)[1]
     assert view.sinks[0].shape[2] == 1 and unverified(view) is None
+    # recent tokens read exactly (recent_exact) are handed over at ring positions too
+    recent = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
+        60,
+        2,
+        64,
+        mx.float16,
+    )
+    view = step_inputs(recent, 1, 2, 2, 64, mx.float16)[1]
+    assert view.sinks[0].shape[2] == 8 and unverified(view) is not None
 
 
 @pytest.mark.gpu
