@@ -24,3 +24,6 @@ class Settings:
 
 
 active: Optional[Settings] = None
+# Whether the current command decodes speculatively (--draft-model), so trims its caches:
+# a loaded prompt cache that cannot be trimmed is then refused (attach/files.py).
+speculative: bool = False

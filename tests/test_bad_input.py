@@ -455,6 +455,30 @@ def test_generate_with_a_damaged_file_exits_2_naming_it(
     assert status == 2 and f"mlx-lm-turbo: Prompt-cache file {path} is damaged" in err
 
 
+@pytest.mark.parametrize("scheme", [[], ["--kv-scheme", "turbo4"]])
+def test_speculative_decoding_from_an_untrimmable_file_exits_2_saying_why(
+    saved_caches, tiny_model, monkeypatch, capsys, scheme
+):
+    # A file made with --turbo-recent-exact 8 cannot be trimmed: mlx-lm's speculative
+    # decoding would stop on it with a traceback.
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--prompt-cache-file",
+        saved_caches["recent"],
+        "--draft-model",
+        tiny_model("llama"),
+        "--prompt",
+        "and",
+        "--max-tokens",
+        2,
+        *scheme,
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    assert "was made with --turbo-recent-exact 8: its caches keep exact copies" in err
+
+
 @pytest.mark.parametrize(
     "saved, flag, holds",
     [

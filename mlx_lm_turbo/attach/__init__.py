@@ -133,7 +133,7 @@ def main_with_plugin(original):
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
-            settings.active = None
+            settings.active, settings.speculative = None, False
 
     main.turbo_original = original
     return main

@@ -435,10 +435,15 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
         raise PromptCacheFileError(
             f"Cannot load prompt-cache file {file_name}: {error}"
         ) from None
-    if settings.active is not None:
-        note_scheme_mismatch(
-            file_name,
-            loaded[0] if isinstance(loaded, tuple) else loaded,
-            settings.active.scheme,
+    caches = loaded[0] if isinstance(loaded, tuple) else loaded
+    recent = max((getattr(c, "recent_exact", 1) for c in caches), default=1)
+    if settings.speculative and recent > 1:
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} was made with --turbo-recent-exact {recent}: its "
+            "caches keep exact copies of the last tokens only, so they cannot be trimmed, and "
+            "speculative decoding (--draft-model) trims them. Make it with "
+            "--turbo-recent-exact 1 to decode it speculatively."
         )
+    if settings.active is not None:
+        note_scheme_mismatch(file_name, caches, settings.active.scheme)
     return loaded

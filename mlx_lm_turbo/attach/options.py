@@ -66,6 +66,7 @@ def requested_scheme(typed=None):
 
 def apply_options(parser, args):
     """Validate the parsed options into ``settings.active``; usage errors exit via the parser."""
+    settings.speculative = bool(getattr(args, "draft_model", None))
     try:
         scheme, source = requested_scheme(args.kv_scheme)
     except ValueError as error:
