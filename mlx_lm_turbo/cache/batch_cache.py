@@ -418,7 +418,9 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self._calibrate_rows()
         stored, exact_keys, exact_values = encode(self.codec, keys, values)
         prev, n = self._idx, keys.shape[2]
-        extra = 0 if self._right_padding is None else max(self._right_padding.tolist())
+        extra = 0  # the right padding a finalize rolls away (a sync, only if needed)
+        if self._right_padding is not None and self.recent_exact > 1:
+            extra = max(self._right_padding.tolist())
         exact_keys, exact_values = self._with_recent(
             keys, values, exact_keys, exact_values, prev, extra
         )

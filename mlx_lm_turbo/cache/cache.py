@@ -3,9 +3,10 @@
 ``TurboQuantKVCache`` replaces ``KVCache`` and ``TurboQuantRotatingKVCache``
 replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
 update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
-``TurboKV`` (the compressed history plus the chunk's exact keys and values)
-that ``attention.turbo_scaled_dot_product_attention`` consumes. So during a
-chunked prefill the cache never holds more than one chunk in fp16.
+``TurboKV`` (the compressed history plus the exact keys and values of the chunk and
+of the ``recent_exact - 1`` tokens before it) that
+``attention.turbo_scaled_dot_product_attention`` consumes. So during a chunked
+prefill the cache never holds more than one chunk (and those recent tokens) in fp16.
 
 Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
 its affine quantized attention and replace a cache that has the second.
@@ -299,9 +300,6 @@ class _TurboCache:
         # Copies: a slice would keep the whole chunk's K/V alive with it.
         self.recent = tuple(mx.contiguous(a[:, :, -keep:]) for a in (keys, values))
         return exact_keys, exact_values
-
-    def _recent_count(self):
-        return 0 if self.recent is None else self.recent[0].shape[2]
 
     def _sink_count(self):
         return 0 if self.sinks is None else self.sinks[0].shape[2]
