@@ -367,3 +367,46 @@ def test_the_command_option_reaches_the_caches(tiny_model, monkeypatch):
     assert status == 0
     compressed = [c for c in made if hasattr(c, "codec")]
     assert compressed and all(c.recent_exact == W for c in compressed)
+
+
+@pytest.mark.parametrize("recent", [1, W])
+def test_a_window_batch_decodes_in_place_as_each_sequence_alone(recent):
+    # Rows past their sink tokens: each decode step writes the batch ring in place
+    # (ring order), the recent tokens read exactly at their slots, as each single
+    # window does.
+    lengths, decode, max_size = [60, 45, 52], 20, 16
+    seqs = sequences(lengths, decode)
+    singles = []
+    for (k, v, q), n in zip(seqs, lengths):
+        single = TurboQuantRotatingKVCache("turbo2", max_size, recent_exact=recent)
+        single.update_and_fetch(k[:, :, :n], v[:, :, :n])
+        singles.append(
+            sliding_outputs(single, [1] * decode, k[:, :, n:], v[:, :, n:], q[:, :, n:])
+        )
+    batch = TurboQuantRotatingKVCache.merge(
+        [
+            TurboQuantRotatingKVCache("turbo2", max_size, recent_exact=recent)
+            for _ in lengths
+        ]
+    )
+    width = max(lengths)
+    batch.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+    batch.update_and_fetch(
+        *(right_padded([s[j] for s in seqs], lengths) for j in (0, 1))
+    )
+    batch.finalize()
+    for step in range(decode):
+
+        def pick(j):
+            return mx.concatenate(
+                [s[j][:, :, n + step : n + step + 1] for s, n in zip(seqs, lengths)]
+            )
+
+        assert not batch._decode_sees_sinks()  # so written in place
+        mask = batch.make_mask(1, window_size=max_size, return_array=True)
+        view, _ = batch.update_and_fetch(pick(0), pick(1))
+        assert view.new_keys is None and view.sinks[0].shape[2] == recent
+        out = turbo_scaled_dot_product_attention(pick(2), view, D**-0.5, mask)
+        for row, expected in enumerate(singles):
+            error = (out[row : row + 1] - expected[:, :, step : step + 1]).abs().max()
+            assert error.item() <= FP16_ROUNDING, (row, step)

@@ -722,11 +722,6 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             return 0
         return self.keys.shape[2] if self.rotated else self._idx
 
-    def _decode_in_temporal_order(self):
-        """Does the next single-token step append in temporal order (see the class doc)?
-        Always where recent tokens are read exactly: they are the exact tail."""
-        return self.recent_exact > 1 or self._decode_sees_sinks()
-
     def _decode_sees_sinks(self):
         """Does the next single-token step leave some row a sink token in its window?
         Host state only: make_mask and update_and_fetch ask before the step."""
@@ -761,7 +756,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             self.sink_counts = [0] * len(self.row_tokens)
 
     def make_mask(self, N, window_size=None, return_array=False):
-        if N > 1 or not self._decode_in_temporal_order():
+        if N > 1 or not self._decode_sees_sinks():
             return BatchRotatingKVCache.make_mask(
                 self, N, window_size=window_size, return_array=return_array
             )
@@ -777,7 +772,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         _check_keys_values(keys, values)
         self._ensure_codec(keys, values)
         n, seen = keys.shape[2], self.row_tokens
-        temporal = n > 1 or self._decode_in_temporal_order()
+        temporal = n > 1 or self._decode_sees_sinks()
         if n > 1 or self._prompt_end is not None:  # count each row's real tokens
             real = self._real_tokens(n).sum(axis=1).tolist()
         else:
@@ -797,6 +792,12 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             )
             ring = BatchRotatingKVCache._update_concat(self, *packed)
         else:
+            # Every row's ring holds a token of the same age in the same slot: its
+            # recent tokens sit before the new one, wrapping in the ring.
+            history = min(self._temporal_width(), self.max_size - 1)
+            exact_keys, exact_values = self._with_recent(
+                keys, values, exact_keys, exact_values, history
+            )
             ring = BatchRotatingKVCache._update_in_place(self, *packed)
         ring = _unpack_pair(self.codec, *ring)
         self.row_tokens = [a + b for a, b in zip(seen, real)]
@@ -805,7 +806,11 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             sinks = self._sink_view(seen, n, ring[0].shape[2])
             view = TurboKV(self.codec, ring, exact_keys, exact_values, sinks, window)
         else:  # the whole ring in ring order, the new token (exact) at _idx - 1
-            at = mx.array([self._idx - 1])[None, None, :, None]
+            width, tail = ring[0].shape[2], exact_keys.shape[2]
+            at = mx.array(
+                [(self._idx - 1 - age) % width for age in range(tail - 1, -1, -1)]
+            )
+            at = at[None, None, :, None]
             view = TurboKV(
                 self.codec, ring, sinks=(exact_keys, exact_values, at), window=window
             )
