@@ -13,10 +13,12 @@ what was allocated before the first chunk (caches included, as they grow).
 
     python benchmarks/decode_attention.py [--contexts 4096 16384 65536] [--layers 8]
         [--schemes turbo4] [--steps 4] [--prefill 16384 --chunk 2048]
-        [--blocks 512 1024 2048 4096] [--out results.md]
+        [--blocks 512 1024 2048 4096] [--recent-exact 1 32] [--out results.md]
 
 A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
-the portable path where the fused kernel would run, in the same run).
+the portable path where the fused kernel would run, in the same run). ``--recent-exact``
+runs each scheme with each window of exactly read recent tokens (``recent_exact``; shown
+as ``NAME W32`` where above 1).
 """
 
 import argparse
@@ -37,6 +39,7 @@ import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels import KERNEL_ENV
+from mlx_lm_turbo.settings import DEFAULT_RECENT_EXACT
 
 
 def filled_caches(make, layers, context, kv_heads, head_dim):
@@ -140,6 +143,17 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim):
     )
 
 
+def cache_maker(name):
+    """What builds one layer's cache for a run named ``fp16`` or ``SCHEME[:MODE][ WN]``
+    (sets the kernel mode for the run)."""
+    name, _, window = name.partition(" W")
+    scheme, _, mode = name.partition(":")
+    os.environ[KERNEL_ENV] = mode or "auto"
+    if scheme == "fp16":
+        return KVCache
+    return lambda: TurboQuantKVCache(scheme, recent_exact=int(window or 1))
+
+
 def header():
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -186,8 +200,18 @@ def main():
         action="store_true",
         help="also profile the host side of each cache's steps at the last context",
     )
+    parser.add_argument(
+        "--recent-exact",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_RECENT_EXACT],
+        help="recent_exact windows to run each scheme with",
+    )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
+    schemes = [
+        f"{s} W{w}" if w > 1 else s for s in args.schemes for w in args.recent_exact
+    ]
     install_attention_dispatch()
     lines = []
 
@@ -215,12 +239,10 @@ def main():
     for context in args.contexts:
         fp16_seconds = None
         runs = [("fp16", None)] + [
-            (s, b) for s in args.schemes for b in (args.blocks or [default_block])
+            (s, b) for s in schemes for b in (args.blocks or [default_block])
         ]
         for name, block in runs:
-            scheme, _, mode = name.partition(":")
-            os.environ[KERNEL_ENV] = mode or "auto"
-            make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
+            make = cache_maker(name)
             attention.DECODE_BLOCK_TOKENS = block or default_block
             caches = filled_caches(
                 make, args.layers, context, args.kv_heads, args.head_dim
@@ -256,10 +278,8 @@ def main():
         )
         emit("|---|---:|---:|---:|---:|")
         fp16_peak = None
-        for name in ["fp16", *args.schemes]:
-            scheme, _, mode = name.partition(":")
-            os.environ[KERNEL_ENV] = mode or "auto"
-            make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(scheme))
+        for name in ["fp16", *schemes]:
+            make = cache_maker(name)
             seconds, peak, size = prefill(
                 make,
                 args.layers,

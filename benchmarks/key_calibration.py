@@ -13,8 +13,9 @@ is the reference point.
         [--recent-exact 1 16 64]
 
 ``--recent-exact W`` tries a lever of issue 14: each query also reads the W - 1 tokens
-before it exactly (kept in the attention domain, W - 1 tokens a layer), by caches
-that hold them here only (not saved, trimmed or batched: a measurement).
+before it exactly (``make_prompt_cache(..., recent_exact=W)``: the caches keep exact
+copies of the last W - 1 tokens in the model's dtype, counted in the bits like the
+sink tokens).
 """
 
 import argparse
@@ -31,11 +32,11 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from mlx_lm_turbo import (
     TurboQuantKVCache,
-    TurboQuantRotatingKVCache,
     make_prompt_cache,
 )
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
 from mlx_lm_turbo.codec.schemes import parse_scheme
+from mlx_lm_turbo.settings import DEFAULT_RECENT_EXACT
 from mlx_lm_turbo.tools.allocate import all_in_bits as allocated_bits
 from mlx_lm_turbo.tools.allocate import layer_shapes
 from mlx_lm_turbo.tools.bench import BOOK as TEXT
@@ -51,50 +52,6 @@ def with_sink_tokens(cache, n):
     for c in cache:
         if isinstance(c, TurboQuantKVCache):  # sliding-window caches keep none
             c.sink_tokens = n
-    return cache
-
-
-class _RecentExact:
-    """A turbo cache whose queries also read the tokens just before them exactly: the
-    exact tail handed to attention is the chunk plus the recent tokens before it,
-    read within a window of ``exact_window`` keys. (A sliding window then appends
-    each decode token in temporal order, as it does for a prefill chunk.)"""
-
-    recent = None
-
-    def _update_compressed(self, stored, exact_keys, exact_values):
-        if self.recent is not None:
-            exact_keys, exact_values = (
-                mx.concatenate([r, a], axis=2)
-                for r, a in zip(self.recent, (exact_keys, exact_values))
-            )
-        keep = min(self.exact_window, getattr(self, "max_size", self.exact_window)) - 1
-        self.recent = tuple(
-            mx.contiguous(a[:, :, -keep:]) for a in (exact_keys, exact_values)
-        )
-        return super()._update_compressed(stored, exact_keys, exact_values)
-
-
-class RecentExactKVCache(_RecentExact, TurboQuantKVCache):
-    pass
-
-
-class RecentExactRotatingKVCache(_RecentExact, TurboQuantRotatingKVCache):
-    pass
-
-
-RECENT_EXACT = {
-    TurboQuantKVCache: RecentExactKVCache,
-    TurboQuantRotatingKVCache: RecentExactRotatingKVCache,
-}
-
-
-def with_recent_exact(cache, window):
-    if window > 1:
-        for c in cache:
-            if type(c) in RECENT_EXACT:
-                c.__class__ = RECENT_EXACT[type(c)]
-                c.exact_window = window
     return cache
 
 
@@ -125,7 +82,7 @@ def print_table(rows, prefill, decode, model):
     for r in rows:
         bits = "4.500" if r["cache"].startswith("affine4") else "-"
         if r["boundary_skip"] == 0:
-            recent = r.get("recent_exact", TurboQuantKVCache.exact_window)
+            recent = r.get("recent_exact", DEFAULT_RECENT_EXACT)
             bits = f"{all_in_bits(model, tokens, r['cache'], recent):.3f}"
         print(
             f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | "
@@ -168,7 +125,7 @@ def main():
         "--recent-exact",
         type=int,
         nargs="+",
-        default=[TurboQuantKVCache.exact_window],
+        default=[DEFAULT_RECENT_EXACT],
         help="keys each query reads exactly, itself included (see above)",
     )
     parser.add_argument("--json", default=None, help="write the results here too")
@@ -229,11 +186,12 @@ def main():
                             scheme,
                             boundary_skip=skip,
                             key_calibration=calibration,
+                            recent_exact=recent,
                         ),
                         sinks,
                     )
                     logprobs = teacher_forced_logprobs(
-                        model, tokens, with_recent_exact(cache, recent), args.prefill
+                        model, tokens, cache, args.prefill
                     )
                     record(scheme, calibration, skip, sinks, logprobs, t0, recent)
 

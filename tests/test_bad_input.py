@@ -222,6 +222,7 @@ def saved_caches(tiny_model, tmp_path_factory):
         ("none", "llama", "none", {}),
         ("start", "llama", "turbo4", {"uncompressed_start": 500}),
         ("rings", "gpt_oss", "turbo4", {}),
+        ("recent", "llama", "turbo4", {"recent_exact": 8}),
     ]:
         model_dir = str(tiny_model(arch))
         model, tokenizer = load(model_dir)
@@ -284,9 +285,9 @@ def _set(entry, **fields):
 def _random_codes(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    rows = arrays["2.5"]  # codes changed, the norms word (last) kept
+    rows = arrays["2.7"]  # codes changed, the norms word (last) kept
     codes = mx.random.randint(0, 2**31, rows.shape, key=mx.random.key(3))
-    arrays["2.5"] = mx.concatenate(
+    arrays["2.7"] = mx.concatenate(
         [codes[..., :-1].astype(mx.uint32), rows[..., -1:]], axis=-1
     )
 
@@ -294,9 +295,9 @@ def _random_codes(arrays, meta_of, set_meta):
 def _nan_norms(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    rows = arrays["2.5"]  # the norms word: two fp16 NaNs
+    rows = arrays["2.7"]  # the norms word: two fp16 NaNs
     nan = mx.full((*rows.shape[:3], 1), 0x7E007E00, dtype=mx.uint32)
-    arrays["2.5"] = mx.concatenate([rows[..., :-1], nan], axis=-1)
+    arrays["2.7"] = mx.concatenate([rows[..., :-1], nan], axis=-1)
 
 
 DAMAGE = {  # case: (saved file, edit, what the message says)
@@ -323,7 +324,7 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     ),
     "missing rows": (
         "turbo4",
-        lambda arrays, *_: arrays.pop("1.5"),
+        lambda arrays, *_: arrays.pop("1.7"),
         r"it stores 0 token arrays, but turbo4 stores 1 \(rows\)",
     ),
     "metadata not JSON": (
@@ -352,6 +353,21 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
         r"ring metadata \(max_size 16, keep 0, idx 1000000\) does not fit",
     ),
     "ring offset": ("rings", _set(0, offset=5), "its offset is 5 but it stores"),
+    "recent tokens": (
+        "recent",
+        _set(2, recent_exact=3),
+        r"cache 2 \(TurboQuantKVCache\): it keeps 7 recent tokens, expected 2",
+    ),
+    "recent copies lost": (
+        "recent",
+        lambda arrays, *_: (arrays.pop("2.5"), arrays.pop("2.6")),
+        "the recent-keys array is missing",
+    ),
+    "recent window": (
+        "recent",
+        _set(2, recent_exact=0),
+        "its metadata has recent_exact=0",
+    ),
     "unknown class": (
         "turbo4",
         None,
@@ -439,6 +455,30 @@ def test_generate_with_a_damaged_file_exits_2_naming_it(
     assert status == 2 and f"mlx-lm-turbo: Prompt-cache file {path} is damaged" in err
 
 
+@pytest.mark.parametrize("scheme", [[], ["--kv-scheme", "turbo4"]])
+def test_speculative_decoding_from_an_untrimmable_file_exits_2_saying_why(
+    saved_caches, tiny_model, monkeypatch, capsys, scheme
+):
+    # A file made with --turbo-recent-exact 8 cannot be trimmed: mlx-lm's speculative
+    # decoding would stop on it with a traceback.
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--prompt-cache-file",
+        saved_caches["recent"],
+        "--draft-model",
+        tiny_model("llama"),
+        "--prompt",
+        "and",
+        "--max-tokens",
+        2,
+        *scheme,
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    assert "was made with --turbo-recent-exact 8: its caches keep exact copies" in err
+
+
 @pytest.mark.parametrize(
     "saved, flag, holds",
     [
@@ -497,6 +537,17 @@ def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(
         ),
         (
             {},
+            ["--kv-scheme", "turbo4", "--turbo-recent-exact", 0],
+            "--turbo-recent-exact must be >= 1",
+        ),
+        (
+            {},
+            ["--kv-scheme", "turbo4", "--turbo-recent-exact", 8, "--draft-model", "x"],
+            "--turbo-recent-exact 8 keeps exact copies of the last tokens only, so its "
+            "caches cannot be trimmed, and speculative decoding (--draft-model) trims them",
+        ),
+        (
+            {},
             ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 99999999999999999999],
             "boundary skip of 99999999999999999999 (--turbo-boundary-skip) is more than the 6 attention layers",
         ),
@@ -530,6 +581,10 @@ def test_settings_errors_name_what_the_user_set(
         (
             ["--turbo-boundary-skip", 3],
             "--turbo-boundary-skip 3 has no effect without --kv-scheme",
+        ),
+        (
+            ["--turbo-recent-exact", 8],
+            "--turbo-recent-exact 8 has no effect without --kv-scheme",
         ),
         (
             ["--kv-scheme", "turbo4", "--turbo-boundary-skip", 3],

@@ -85,7 +85,9 @@ def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, sh
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
 
-def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
+# recent_exact 8: caches that cannot be trimmed, so the server reuses prefixes untrimmed
+@pytest.mark.parametrize("recent", ["1", "8"])
+def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model, recent):
     # The report: the next request reuses a prefix from the prompt cache that
     # ends inside a message (where the server's own prefill would not split the prompt);
     # its answer, down to the log-probabilities, must be the cold one. (turbo2 on every
@@ -113,7 +115,9 @@ def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model):
         ["hi", question[:60] + " at length."],
     ):
         server = Server(
-            tiny_model("llama"), "--kv-scheme", "turbo2", "--turbo-boundary-skip", "0"
+            tiny_model("llama"),
+            *("--kv-scheme", "turbo2", "--turbo-boundary-skip", "0"),
+            *("--turbo-recent-exact", recent),
         )
         try:
             for earlier in history:
@@ -178,10 +182,12 @@ def test_a_sliding_window_cache_reused_or_reloaded_equals_a_cold_one(
         assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
 
+@pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)
 def test_sliding_window_batches_generate_the_same_for_every_prefill_step_size(
-    tiny_model,
+    tiny_model, recent
 ):
-    # mlx-lm's batch generator: the batch ring keeps each row's sink tokens.
+    # mlx-lm's batch generator: the batch ring keeps each row's sink tokens (and
+    # recent tokens).
     model, tokenizer = load_sliding(tiny_model, "gpt_oss")
     prompts = [PROMPT, PROMPT[:9], PROMPT[5:30]]  # past, inside, around the sinks
 
@@ -191,7 +197,8 @@ def test_sliding_window_batches_generate_the_same_for_every_prefill_step_size(
             tokenizer,
             prompts,
             prompt_caches=[
-                make_prompt_cache(model, "turbo4", boundary_skip=0) for _ in prompts
+                make_prompt_cache(model, "turbo4", boundary_skip=0, recent_exact=recent)
+                for _ in prompts
             ],
             max_tokens=STEPS,
             prefill_step_size=step,
@@ -207,7 +214,7 @@ def test_sliding_window_batches_generate_the_same_for_every_prefill_step_size(
         assert (p - logprobs).abs().max().item() < ROUNDING, step
     # and each row answers as the sequence alone
     for prompt, row in zip(prompts, tokens):
-        cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
+        cache = make_prompt_cache(model, "turbo4", boundary_skip=0, recent_exact=recent)
         assert run(model, prompt, cache, 64)[0] == row
 
 
@@ -319,9 +326,10 @@ def right_padded(arrays, lengths):
 FP16_ROUNDING = 4e-3
 
 
+@pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)
 @pytest.mark.parametrize("step", [64, 16, 7])
 def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunking(
-    step,
+    step, recent
 ):
     # As mlx-lm's batch generator feeds it: a right-padded prompt in step-token chunks
     # (prepare, chunks, finalize), then decoding; rows past, around and inside the
@@ -333,19 +341,23 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
     data = [window_kv(n + decode, seed=i) for i, n in enumerate(lengths)]
     singles = []
     for i, ((k, v, q), n) in enumerate(zip(data, lengths)):
-        single = TurboQuantRotatingKVCache("turbo4", WINDOW)
+        single = TurboQuantRotatingKVCache("turbo4", WINDOW, recent_exact=recent)
         start = history if i == 3 else 0
         if start:
             single.update_and_fetch(k[:, :, :start], v[:, :, :start])
         out = attend(single, k, v, q, start, n)
         prompted = copy.deepcopy(single)
         decoded = [attend(single, k, v, q, t, t + 1) for t in range(n, n + decode)]
-        singles.append((out, decoded, prompted))
-    joining = TurboQuantRotatingKVCache("turbo4", WINDOW)
+        singles.append((out, decoded, prompted, single))
+    joining = TurboQuantRotatingKVCache("turbo4", WINDOW, recent_exact=recent)
     k, v, _ = data[3]
     joining.update_and_fetch(k[:, :, :history], v[:, :, :history])
     batch = TurboQuantRotatingKVCache.merge(
-        [TurboQuantRotatingKVCache("turbo4", WINDOW) for _ in lengths[:3]] + [joining]
+        [
+            TurboQuantRotatingKVCache("turbo4", WINDOW, recent_exact=recent)
+            for _ in lengths[:3]
+        ]
+        + [joining]
     )
     todo = [n - (history if i == 3 else 0) for i, n in enumerate(lengths)]
     begin = [history if i == 3 else 0 for i in range(len(lengths))]
@@ -360,7 +372,7 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
         prompt_out.append(attend(batch, keys, values, queries, s, min(s + step, width)))
     batch.finalize()
     prompt_out = mx.concatenate(prompt_out, axis=2)
-    for row, ((expected, _, prompted), n) in enumerate(zip(singles, todo)):
+    for row, ((expected, _, prompted, _), n) in enumerate(zip(singles, todo)):
         got = prompt_out[row : row + 1, :, :n]
         assert (got - expected).abs().max().item() <= FP16_ROUNDING, row
         # each row leaves the batch with the single cache's sink tokens and statistics
@@ -372,6 +384,8 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
         for a, b in zip(extracted.sinks or (), prompted.sinks or ()):
             assert mx.array_equal(a, b).item(), row
         assert extracted._sink_count() == prompted._sink_count(), row
+        for a, b in zip(extracted.recent or (), prompted.recent or ()):
+            assert mx.array_equal(a, b).item(), row
     # The server's split and join: rows filtered out of copies, joined in another order.
     other = copy.deepcopy(batch)
     batch.filter([0, 2])
@@ -395,6 +409,8 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
     for row, i in enumerate(order):
         extracted = batch.extract(row)
         assert extracted.offset == lengths[i] + decode and extracted.sinks is None
+        for a, b in zip(extracted.recent or (), singles[i][3].recent or ()):
+            assert mx.array_equal(a, b).item(), i
 
 
 def chunked_outputs(cache, chunks, keys, values, queries):
@@ -419,8 +435,9 @@ def chunked_outputs(cache, chunks, keys, values, queries):
     return mx.concatenate(outs, axis=2)
 
 
+@pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)
 @pytest.mark.parametrize("sliding", [False, True])
-def test_the_uncompressed_start_rule(sliding):
+def test_the_uncompressed_start_rule(sliding, recent):
     # The first N tokens of an uncompressed start N are kept exact for good (as sink
     # tokens): a query before N reads every key exactly and a later one reads them
     # exactly, wherever the chunk that reaches N starts. Before, for N above the 16
@@ -429,8 +446,12 @@ def test_the_uncompressed_start_rule(sliding):
 
     def make(start):
         if sliding:  # a window wider than the prompt: the rule, not the window, decides
-            return TurboQuantRotatingKVCache("turbo4", 128, uncompressed_start=start)
-        return TurboQuantKVCache("turbo4", uncompressed_start=start)
+            return TurboQuantRotatingKVCache(
+                "turbo4", 128, uncompressed_start=start, recent_exact=recent
+            )
+        return TurboQuantKVCache(
+            "turbo4", uncompressed_start=start, recent_exact=recent
+        )
 
     keys, values, queries = window_kv(70)
     exact = mx.fast.scaled_dot_product_attention(

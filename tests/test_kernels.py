@@ -249,6 +249,58 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 2, 8])
+def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
+    # recent_exact: the exact tail is the 31 tokens before the step and the step,
+    # read exactly within a window of 32 (not yet run on a GPU).
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=32), 700, 2, 128, mx.float16, chunk=300
+    )
+    for step in range(2):
+        q, view, mask = step_inputs(cache, L, 2, 4, 128, mx.float16, seed=30 + step)
+        assert view.window == 32 and view.new_keys.shape[2] == 31 + L
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+def test_batch_rows_with_recent_tokens_read_exactly(monkeypatch):
+    singles = [
+        filled_cache(
+            TurboQuantKVCache("turbo3", recent_exact=32), n, 4, 128, mx.float16, seed=n
+        )
+        for n in (700, 20, 300)
+    ]
+    batch = TurboQuantKVCache.merge(singles)
+    for step in range(2):
+        k = mx.random.normal((3, 4, 1, 128), key=mx.random.key(step)).astype(mx.float16)
+        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(
+            mx.float16
+        )
+        mask = batch.make_mask(1, return_array=True)
+        view, _ = batch.update_and_fetch(k, k)
+        assert view.new_keys.shape[2] == 32
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+def test_sliding_window_hands_its_recent_tokens_over_in_the_ring(monkeypatch):
+    # A window past its first tokens, recent_exact 32: at decode the 31 recent tokens
+    # and the newest are exact at their ring positions.
+    cache = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=64, recent_exact=32),
+        200,
+        2,
+        128,
+        mx.float16,
+    )
+    for step in range(3):  # the ring wraps
+        mask = cache.make_mask(1, window_size=64)
+        q, view, _ = step_inputs(cache, 1, 2, 4, 128, mx.float16, seed=40 + step)
+        assert view.new_keys is None and view.sinks[0].shape[2] == 32
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     cache = filled_cache(
         TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
@@ -326,6 +378,34 @@ def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
     rows = [line for line in out.splitlines() if line.startswith("| 0 |")]
     expected = "fused kernel" if ON_CUDA else "portable: MLX runs on the CPU"
     assert rows and rows[0].endswith(" |") and expected in rows[0]
+
+
+def test_views_with_recent_tokens_stay_on_the_portable_path_under_auto():
+    # recent_exact > 1 (an exact tail of W tokens; a window's recent tokens at ring
+    # positions) has GPU tests above that no GPU has run yet: auto leaves it to the
+    # portable path, MLX_LM_TURBO_KERNEL=on runs it.
+    from mlx_lm_turbo.kernels.decode_attention import unverified
+
+    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
+    assert unverified(step_inputs(plain, 1, 2, 2, 64, mx.float16)[1]) is None
+    young = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16
+    )
+    assert unverified(step_inputs(young, 1, 2, 2, 64, mx.float16)[1]) is None
+    recent = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=8), 40, 2, 64, mx.float16
+    )
+    view = step_inputs(recent, 1, 2, 2, 64, mx.float16)[1]
+    assert view.window == 8 and "recent" in unverified(view)
+    ring = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
+        60,
+        2,
+        64,
+        mx.float16,
+    )
+    view = step_inputs(ring, 1, 2, 2, 64, mx.float16)[1]
+    assert view.sinks[0].shape[2] == 8 and "recent" in unverified(view)
 
 
 @pytest.mark.gpu

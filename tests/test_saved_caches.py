@@ -152,6 +152,7 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version):
     loaded = load_prompt_cache(str(path))
     for layer, (scheme, cache) in enumerate(zip(("turbo4", "turbo0v4"), loaded)):
         assert json.loads(cache.meta_state[0])["format"] == FORMAT_VERSION
+        assert cache.recent_exact == 1 and cache.recent is None  # its own window
         fresh = TurboQuantKVCache(scheme, seed=1, layer=layer)
         fresh.update_and_fetch(keys[:, :, :40], values[:, :, :40])
         a, _ = fresh.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
@@ -177,3 +178,43 @@ def test_format_1_sliding_window_files_are_refused(tmp_path, monkeypatch):
         save_prompt_cache(path, [cache])
     with pytest.raises(CacheFormatError, match="sliding-window layers were saved"):
         load_prompt_cache(path)
+
+
+def test_format_3_files_continue_exactly_with_their_own_window(tmp_path):
+    # Format 4 added the recent tokens' copies after the sink arrays: a format-3 file
+    # (written here in format 3's layout) continues as a cache that reads only each
+    # query itself exactly besides the sink tokens, as it was saved.
+    import mlx_lm_turbo.cache.cache as cache_module
+    from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+
+    cache_module.register_cache_classes()
+    inputs = mx.load(str(SAVED_FORMAT_2 / "inputs.safetensors"))
+    keys, values = inputs["keys"], inputs["values"]
+    made = [TurboQuantKVCache("turbo4"), TurboQuantRotatingKVCache("turbo4", 64)]
+    for c in made:
+        c.update_and_fetch(keys[:, :, :40], values[:, :, :40])
+
+    def format_3(cache):
+        meta = json.loads(cache.meta_state[0])
+        meta["format"] = 3
+        del meta["recent_exact"]
+        state = cache.state
+        # a stand-in named like the class: mlx-lm saves what its state returns
+        saved = type(type(cache).__name__, (), {})()
+        saved.state = [json.dumps(meta), *state[1:5], *state[7:]]
+        saved.meta_state = ("",)
+        return saved
+
+    path = str(tmp_path / "format-3.safetensors")
+    save_prompt_cache(path, [format_3(c) for c in made])
+    loaded = load_prompt_cache(path)
+    for cache, fresh in zip(loaded, made):
+        assert cache.recent_exact == 1 and cache.is_trimmable()
+        a, _ = fresh.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        b, _ = cache.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
+        assert a.window == b.window == 1
+        for x, y in zip(
+            (*a.stored, a.new_keys, *(a.sinks or ())),
+            (*b.stored, b.new_keys, *(b.sinks or ())),
+        ):
+            assert x.shape == y.shape and mx.array_equal(x, y).item()

@@ -52,6 +52,7 @@ def make_prompt_cache_with_plugin(original):
             boundary_skip=active.boundary_skip,
             max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start,
+            recent_exact=active.recent_exact,
             model_path=active.model_path,
         )
         _announce(model, caches, active.scheme)
@@ -132,7 +133,7 @@ def main_with_plugin(original):
             print(f"mlx-lm-turbo: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         finally:
-            settings.active = None
+            settings.active, settings.speculative = None, False
 
     main.turbo_original = original
     return main

@@ -152,11 +152,27 @@ def check_entry(class_name, state):
     meta = _meta(
         meta_text, {**_CACHE_META, **(_ROTATING_META if rotating else {})}, "metadata"
     )
-    check_format(meta)  # a version this one cannot continue: refused with the reason
+    # a version this one cannot continue: refused with the reason
+    version = check_format(meta)
+    recent_keys = recent_values = None
+    if version >= 4:
+        _meta(meta_text, {"recent_exact": int}, "metadata")
+        if meta["recent_exact"] < 1:
+            raise _Bad(
+                f"its metadata has recent_exact={meta['recent_exact']}, expected >= 1"
+            )
+        if len(stored) < 2:
+            raise _Bad("it does not hold the recent-token arrays of its format")
+        recent_keys, recent_values, *stored = stored
     scheme = _scheme(meta["scheme"], "metadata")
     if meta["codec"] is None:
-        if mean is not None or scale is not None or sink_keys is not None:
-            raise _Bad("it has key statistics or sink tokens but no codec")
+        if (
+            mean is not None
+            or scale is not None
+            or sink_keys is not None
+            or recent_keys is not None
+        ):
+            raise _Bad("it has key statistics, sink or recent tokens but no codec")
         _check_uncompressed(meta, stored, rotating)
         return
     codec = _meta(meta["codec"], _CODEC_META, "codec metadata")
@@ -208,6 +224,31 @@ def check_entry(class_name, state):
             raise _Bad(
                 f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], meta['offset'])}"
             )
+    if recent_keys is not None:
+        _array(
+            recent_keys,
+            "the recent-keys array",
+            (None, heads, None, key_dim),
+            dtype,
+            finite=True,
+        )
+        _array(
+            recent_values,
+            "the recent-values array",
+            (recent_keys.shape[0], heads, recent_keys.shape[2], value_dim),
+            dtype,
+            finite=True,
+        )
+        # its last recent_exact - 1 tokens (a window's: at least those it can see)
+        most = min(meta["recent_exact"] - 1, meta["offset"])
+        least = min(most, meta["max_size"] - 1) if rotating else most
+        if not least <= recent_keys.shape[2] <= most:
+            raise _Bad(
+                f"it keeps {recent_keys.shape[2]} recent tokens, expected "
+                + (f"{most}" if least == most else f"{least} to {most}")
+            )
+    elif version >= 4 and meta["recent_exact"] > 1 and meta["offset"]:
+        raise _Bad("it reads recent tokens exactly but keeps no copies of them")
 
 
 def _check_uncompressed(meta, stored, rotating):
@@ -394,10 +435,15 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
         raise PromptCacheFileError(
             f"Cannot load prompt-cache file {file_name}: {error}"
         ) from None
-    if settings.active is not None:
-        note_scheme_mismatch(
-            file_name,
-            loaded[0] if isinstance(loaded, tuple) else loaded,
-            settings.active.scheme,
+    caches = loaded[0] if isinstance(loaded, tuple) else loaded
+    recent = max((getattr(c, "recent_exact", 1) for c in caches), default=1)
+    if settings.speculative and recent > 1:
+        raise PromptCacheFileError(
+            f"Prompt-cache file {file_name} was made with --turbo-recent-exact {recent}: its "
+            "caches keep exact copies of the last tokens only, so they cannot be trimmed, and "
+            "speculative decoding (--draft-model) trims them. Make it with "
+            "--turbo-recent-exact 1 to decode it speculatively."
         )
+    if settings.active is not None:
+        note_scheme_mismatch(file_name, caches, settings.active.scheme)
     return loaded

@@ -38,6 +38,14 @@ def add_options(parser):
         metavar="N",
         help="keep the first N tokens uncompressed before compression starts (default: 0)",
     )
+    group.add_argument(
+        "--turbo-recent-exact",
+        type=int,
+        metavar="W",
+        help="each query reads itself and the W - 1 tokens before it exactly, besides "
+        "the first tokens (exact copies of the last W - 1 tokens are kept; such caches "
+        f"cannot be trimmed, so not with --draft-model) (default: {settings.DEFAULT_RECENT_EXACT})",
+    )
 
 
 def requested_scheme(typed=None):
@@ -58,6 +66,7 @@ def requested_scheme(typed=None):
 
 def apply_options(parser, args):
     """Validate the parsed options into ``settings.active``; usage errors exit via the parser."""
+    settings.speculative = bool(getattr(args, "draft_model", None))
     try:
         scheme, source = requested_scheme(args.kv_scheme)
     except ValueError as error:
@@ -69,6 +78,14 @@ def apply_options(parser, args):
     for option, value in tuning.items():
         if value is not None and value < 0:
             parser.error(f"{option} must be >= 0, got {value}.")
+    recent_exact = args.turbo_recent_exact
+    if recent_exact is not None and recent_exact < 1:
+        parser.error(
+            f"--turbo-recent-exact must be >= 1 (1: each query reads only itself exactly), "
+            f"got {recent_exact}."
+        )
+    if recent_exact is not None:
+        tuning["--turbo-recent-exact"] = recent_exact
     if scheme is None:
         settings.active = None
         typed = [
@@ -103,6 +120,12 @@ def apply_options(parser, args):
         kernel_mode()  # a bad MLX_LM_TURBO_KERNEL fails now, not at the first attention
     except (RuntimeError, ValueError) as error:
         parser.error(str(error))
+    if (recent_exact or 1) > 1 and getattr(args, "draft_model", None):
+        parser.error(
+            f"--turbo-recent-exact {recent_exact} keeps exact copies of the last tokens only, "
+            "so its caches cannot be trimmed, and speculative decoding (--draft-model) "
+            "trims them: use --turbo-recent-exact 1 with --draft-model."
+        )
     boundary_skip = args.turbo_boundary_skip
     settings.active = settings.Settings(
         scheme=scheme,
@@ -110,6 +133,9 @@ def apply_options(parser, args):
         if boundary_skip is None
         else boundary_skip,
         uncompressed_start=args.turbo_uncompressed_start or 0,
+        recent_exact=settings.DEFAULT_RECENT_EXACT
+        if recent_exact is None
+        else recent_exact,
         model_path=getattr(args, "model", None),
     )
 

@@ -30,6 +30,7 @@ class _ThroughCompressedCache:
             self.active.scheme,
             boundary_skip=self.active.boundary_skip,
             uncompressed_start=self.active.uncompressed_start,
+            recent_exact=self.active.recent_exact,
             model_path=self.active.model_path,
         )
         logits = [

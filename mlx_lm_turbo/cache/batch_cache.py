@@ -25,6 +25,7 @@ from .cache import (
     TurboQuantKVCache,
     TurboQuantRotatingKVCache,
     _check_keys_values,
+    check_recent_exact,
     encode,
     new_codec,
 )
@@ -89,6 +90,59 @@ class _BatchStatistics:
             None  # (B,) where each row's real tokens end in a right-padded prefill
         )
 
+    def _init_recent(self, recent_exact):
+        # Each row's last recent_exact - 1 tokens, exact, right-aligned with the ring or
+        # store (see TurboQuantKVCache.recent); a row's slots before its first token hold
+        # padding, which its mask hides.
+        self.recent_exact = check_recent_exact(recent_exact)
+        self.recent = None
+
+    def _with_recent(self, keys, values, exact_keys, exact_values, width, extra=0):
+        """These tokens' exact keys and values led by the recent ones kept before them
+        (at most ``width`` tokens before them in all); keep the last recent_exact - 1
+        (and ``extra`` more, right padding a finalize rolls away)."""
+        keep = self.recent_exact - 1
+        if not keep:
+            return exact_keys, exact_values
+        if self.recent is not None:
+            recent = tuple(a[:, :, max(a.shape[2] - width, 0) :] for a in self.recent)
+            if recent[0].shape[2]:
+                exact_keys, exact_values = (
+                    mx.concatenate([r, a], axis=2)
+                    for r, a in zip(
+                        self.codec.exact(*recent), (exact_keys, exact_values)
+                    )
+                )
+            keys, values = (
+                mx.concatenate([r, a], axis=2) for r, a in zip(recent, (keys, values))
+            )
+        self.recent = tuple(
+            mx.contiguous(a[:, :, -(keep + extra) :]) for a in (keys, values)
+        )
+        return exact_keys, exact_values
+
+    def _joined_recent(self, caches, rows, width):
+        """The caches' recent copies right-aligned in ``width`` slots (zeros before a
+        cache's own), stacked; None if none has any."""
+        like = next((c.recent for c in caches if c.recent is not None), None)
+        if like is None or width == 0:
+            return None
+        parts = []
+        for c, n in zip(caches, rows):
+            for i in range(2):
+                own = None if c.recent is None else c.recent[i][:, :, -width:]
+                held = 0 if own is None else own.shape[2]
+                zeros = mx.zeros(
+                    (n, like[i].shape[1], width - held, like[i].shape[3]), like[i].dtype
+                )
+                parts.append(
+                    zeros if own is None else mx.concatenate([zeros, own], axis=2)
+                )
+        return tuple(mx.concatenate(parts[i::2]) for i in range(2))
+
+    def _refuse_trim(self, n):
+        TurboQuantKVCache._refuse_trim(self, n)
+
     def _init_sinks(self, rows, sink_tokens):
         # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
         # (B, H, sink_tokens, D) keys and values, of which each row has filled
@@ -110,6 +164,11 @@ class _BatchStatistics:
                 raise ValueError(
                     "Caches keeping different numbers of exact first tokens (their "
                     "uncompressed starts) cannot share a batch."
+                )
+            if c.recent_exact != first.recent_exact:
+                raise ValueError(
+                    "Caches reading different numbers of recent tokens exactly "
+                    "(recent_exact) cannot share a batch."
                 )
             c.compress_now()
         if os.environ.get(
@@ -271,6 +330,15 @@ class _BatchStatistics:
             for i in range(2)
         )
 
+    def _row_recent(self, idx, tokens):
+        """Row ``idx``'s recent copies for a single cache of ``tokens`` tokens, or None."""
+        held = min(self.recent_exact - 1, tokens)
+        if self.recent is None or held <= 0:
+            return None
+        return tuple(
+            mx.contiguous(a[idx : idx + 1, :, a.shape[2] - held :]) for a in self.recent
+        )
+
     def _row_codec(self, idx):
         scale, mean = self.codec.key_scale, self.codec.key_mean
         if not self.calibrated[idx]:  # a row's neutral statistics are none yet
@@ -295,10 +363,12 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         layer=0,
         key_calibration=None,
         sink_tokens=None,
+        recent_exact=1,
     ):
         self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
         self.stored = None
         self._init_sinks(len(left_padding), sink_tokens)
+        self._init_recent(recent_exact)
         self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
@@ -316,8 +386,12 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             layer=first.layer,
             key_calibration=first.key_calibration,
             sink_tokens=first.sink_tokens,
+            recent_exact=first.recent_exact,
         )
         batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        batch.recent = batch._joined_recent(
+            caches, [1] * len(caches), min(first.recent_exact - 1, max_length)
+        )
         batch.sink_counts = [c._sink_count() for c in caches]
         batch._adopt_statistics(caches, batch._complete_sinks())
         arrays = [c._stored_slice() for c in caches]
@@ -344,6 +418,12 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self._calibrate_rows()
         stored, exact_keys, exact_values = encode(self.codec, keys, values)
         prev, n = self._idx, keys.shape[2]
+        extra = 0  # the right padding a finalize rolls away (a sync, only if needed)
+        if self._right_padding is not None and self.recent_exact > 1:
+            extra = max(self._right_padding.tolist())
+        exact_keys, exact_values = self._with_recent(
+            keys, values, exact_keys, exact_values, prev, extra
+        )
         if self.stored is None or prev + n > self.stored[0].shape[2]:
             grown = TurboQuantKVCache._empty_like(
                 stored, (self.step + n - 1) // self.step * self.step
@@ -366,7 +446,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             exact_keys,
             exact_values,
             self._sink_view(),
-            TurboQuantKVCache.exact_window,
+            self.recent_exact,
         )
         return view, view
 
@@ -413,12 +493,22 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self.offset = self.offset - padding
             self.left_padding = self.left_padding + padding
             self._right_padding = None
+            if self.recent is not None:
+                keep = self.recent_exact - 1
+                self.recent = tuple(
+                    mx.contiguous(
+                        dynamic_roll(a, padding[:, None], axis=2)[:, :, -keep:]
+                    )
+                    for a in self.recent
+                )
 
     def filter(self, batch_indices):
         if self.stored is not None:
             self.stored = tuple(a[batch_indices] for a in self.stored)
         if self.sinks is not None:
             self.sinks = tuple(a[batch_indices] for a in self.sinks)
+        if self.recent is not None:
+            self.recent = tuple(a[batch_indices] for a in self.recent)
         self._filter_statistics(batch_indices)
         self.sink_counts = [self.sink_counts[i] for i in _host_indices(batch_indices)]
         self.offset = self.offset[batch_indices]
@@ -429,6 +519,10 @@ class TurboQuantBatchKVCache(_BatchStatistics):
                 self.stored = tuple(a[..., shift:, :] for a in self.stored)
             self._idx -= shift
             self.left_padding = self.left_padding - shift
+            if self.recent is not None:  # padding slots no row needs any more
+                self.recent = tuple(
+                    a[:, :, max(a.shape[2] - self._idx, 0) :] for a in self.recent
+                )
 
     def extend(self, other):
         idx = max(self._idx, other._idx)
@@ -460,6 +554,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self.sinks = self._joined_sinks(
             (self, other), (self.offset.shape[0], other.offset.shape[0])
         )
+        self.recent = self._joined_recent(
+            (self, other),
+            (self.offset.shape[0], other.offset.shape[0]),
+            min(self.recent_exact - 1, idx),
+        )
         self.sink_counts = self.sink_counts + other.sink_counts
         self._extend_statistics(other, self.offset.shape[0])
         self.left_padding = mx.concatenate([my_pad, their_pad])
@@ -472,9 +571,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             seed=self.seed,
             layer=self.layer,
             key_calibration=self.key_calibration,
+            recent_exact=self.recent_exact,
         )
         cache.sink_tokens = self.sink_tokens
         padding = self.left_padding.tolist()[idx]
+        cache.recent = self._row_recent(idx, self._idx - padding)
         if self.stored is not None:
             cache.stored = tuple(
                 mx.contiguous(a[idx : idx + 1, :, padding : self._idx])
@@ -496,9 +597,10 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         return self.stored is None
 
     def is_trimmable(self):
-        return True
+        return self.recent_exact == 1
 
     def trim(self, n):
+        self._refuse_trim(n)
         n = min(self._idx, n)
         self._idx -= n
         self.offset = self.offset - n
@@ -511,6 +613,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         arrays = (
             *(self.stored or ()),
             *(self.sinks or ()),
+            *(self.recent or ()),
             *TurboQuantKVCache._converted_sink_arrays(self),
         )
         return sum(a.nbytes for a in arrays)
@@ -520,6 +623,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         return [
             *(self.stored or ()),
             *(self.sinks or ()),
+            *(self.recent or ()),
             self.offset,
             self.left_padding,
         ]
@@ -564,10 +668,12 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         layer=0,
         key_calibration=None,
         sink_tokens=None,
+        recent_exact=1,
     ):
         BatchRotatingKVCache.__init__(self, max_size, left_padding)
         self._init_statistics(scheme, len(left_padding), seed, layer, key_calibration)
         self._init_sinks(len(left_padding), sink_tokens)
+        self._init_recent(recent_exact)
         # Each row's tokens so far (a single cache's offset), on the host: where its
         # sink tokens sit in the window follows from it.
         self.row_tokens = [0] * len(left_padding)
@@ -591,6 +697,12 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
         batch.key_calibration = first.key_calibration
         batch.sink_tokens = first.sink_tokens
+        batch._init_recent(first.recent_exact)
+        batch.recent = batch._joined_recent(
+            caches,
+            [1] * len(caches),
+            min(first.recent_exact - 1, batch._temporal_width()),
+        )
         batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
         # A ring with kept slots that has dropped tokens is no longer consecutive
         # once it joins: its sink tokens then count as gone (they were measured).
@@ -670,17 +782,35 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         stored, exact_keys, exact_values = encode(self.codec, keys, values)
         packed = _pack_pair(self.codec, stored)
         if temporal:
+            self._roll_recent()
+            # The ring keeps max_size - 1 tokens before the chunk: recent ones beyond
+            # are out of every query's window.
+            history = min(self._temporal_width(), self.max_size - 1)
+            extra = 0 if self._lengths is None else n
+            exact_keys, exact_values = self._with_recent(
+                keys, values, exact_keys, exact_values, history, extra
+            )
             ring = BatchRotatingKVCache._update_concat(self, *packed)
         else:
+            # Every row's ring holds a token of the same age in the same slot: its
+            # recent tokens sit before the new one, wrapping in the ring.
+            history = min(self._temporal_width(), self.max_size - 1)
+            exact_keys, exact_values = self._with_recent(
+                keys, values, exact_keys, exact_values, history
+            )
             ring = BatchRotatingKVCache._update_in_place(self, *packed)
         ring = _unpack_pair(self.codec, *ring)
         self.row_tokens = [a + b for a, b in zip(seen, real)]
-        window = TurboQuantRotatingKVCache.exact_window
+        window = self.recent_exact
         if temporal:  # history in temporal order, then the chunk
             sinks = self._sink_view(seen, n, ring[0].shape[2])
             view = TurboKV(self.codec, ring, exact_keys, exact_values, sinks, window)
         else:  # the whole ring in ring order, the new token (exact) at _idx - 1
-            at = mx.array([self._idx - 1])[None, None, :, None]
+            width, tail = ring[0].shape[2], exact_keys.shape[2]
+            at = mx.array(
+                [(self._idx - 1 - age) % width for age in range(tail - 1, -1, -1)]
+            )
+            at = at[None, None, :, None]
             view = TurboKV(
                 self.codec, ring, sinks=(exact_keys, exact_values, at), window=window
             )
@@ -700,8 +830,20 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     def _tokens_seen(self):
         return self._offset
 
+    def _roll_recent(self):
+        """As mlx-lm's ring rolls a right-padded prefill's rows (their padding to the
+        front, before the next chunk and at finalize), roll their recent copies."""
+        if self.recent is not None and self._lengths is not None:
+            roll = mx.maximum(0, self.offset - self._lengths)
+            keep = self.recent_exact - 1
+            self.recent = tuple(
+                mx.contiguous(dynamic_roll(a, roll[:, None], axis=2)[:, :, -keep:])
+                for a in self.recent
+            )
+
     def finalize(self):
         self._prompt_end = None
+        self._roll_recent()
         BatchRotatingKVCache.finalize(self)
 
     def filter(self, batch_indices):
@@ -710,12 +852,20 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         rows = _host_indices(batch_indices)
         if self.sinks is not None:
             self.sinks = tuple(a[batch_indices] for a in self.sinks)
+        if self.recent is not None:
+            self.recent = tuple(a[batch_indices] for a in self.recent)
         self.sink_counts = [self.sink_counts[i] for i in rows]
         self.row_tokens = [self.row_tokens[i] for i in rows]
 
     def extend(self, other):
         rows = self.offset.shape[0]
         self.sinks = self._joined_sinks((self, other), (rows, other.offset.shape[0]))
+        idx = max(self._temporal_width(), other._temporal_width())
+        self.recent = self._joined_recent(
+            (self, other),
+            (rows, other.offset.shape[0]),
+            min(self.recent_exact - 1, idx),
+        )
         BatchRotatingKVCache.extend(self, other)
         self._extend_statistics(other, rows)
         self.sink_counts = self.sink_counts + other.sink_counts
@@ -730,8 +880,10 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             seed=self.seed,
             layer=self.layer,
             key_calibration=self.key_calibration,
+            recent_exact=self.recent_exact,
         )
         cache.sink_tokens = self.sink_tokens
+        cache.recent = self._row_recent(idx, self.row_tokens[idx])
         if self.keys is not None:
             cache.stored = tuple(
                 mx.contiguous(a)
@@ -747,7 +899,11 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         cache._let_go_of_sinks()
         return cache
 
+    def is_trimmable(self):
+        return BatchRotatingKVCache.is_trimmable(self) and self.recent_exact == 1
+
     def trim(self, n):
+        self._refuse_trim(n)
         n = BatchRotatingKVCache.trim(self, n)
         self.row_tokens = [max(r - n, 0) for r in self.row_tokens]
         if any(self.sink_counts):
@@ -758,6 +914,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     def nbytes(self):
         arrays = (
             *(self.sinks or ()),
+            *(self.recent or ()),
             *TurboQuantKVCache._converted_sink_arrays(self),
         )
         return BatchRotatingKVCache.nbytes.fget(self) + sum(a.nbytes for a in arrays)

@@ -3,9 +3,10 @@
 ``TurboQuantKVCache`` replaces ``KVCache`` and ``TurboQuantRotatingKVCache``
 replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
 update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
-``TurboKV`` (the compressed history plus the chunk's exact keys and values)
-that ``attention.turbo_scaled_dot_product_attention`` consumes. So during a
-chunked prefill the cache never holds more than one chunk in fp16.
+``TurboKV`` (the compressed history plus the exact keys and values of the chunk and
+of the ``recent_exact - 1`` tokens before it) that
+``attention.turbo_scaled_dot_product_attention`` consumes. So during a chunked
+prefill the cache never holds more than one chunk (and those recent tokens) in fp16.
 
 Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
 its affine quantized attention and replace a cache that has the second.
@@ -22,6 +23,7 @@ from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
 from ..kernels.encode import fused_encode
+from ..settings import DEFAULT_RECENT_EXACT
 from .view import TurboKV
 
 # The layout of a saved cache's state and the rules it was made under, written into its
@@ -31,10 +33,13 @@ from .view import TurboKV
 # caches without sink tokens, their statistics measured on the first chunk compressed
 # (refused by check_format); 2: sliding-window caches follow format 1's rule too (sink
 # tokens read exactly while in the window); 3: format 2's rules, a token's compressed key
-# and value in one row (codec.join_rows; formats 1-2 kept four arrays, joined on load).
+# and value in one row (codec.join_rows; formats 1-2 kept four arrays, joined on load);
+# 4: format 3's, each query also reading the recent_exact - 1 tokens before it exactly
+# (exact copies of them after the sink arrays in the state; formats 1-3 continue with
+# recent_exact 1, as they were saved).
 # Change the layout or the rules, bump this, and say in check_format what older ones
 # become.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _SAVED_KEYS = (
     "scheme",
     "seed",
@@ -68,6 +73,11 @@ def check_format(meta: dict) -> int:
             "(4 sink tokens, key statistics from the first chunk, each chunk reading itself exactly, "
             "rotation signs from NumPy's generator): this version cannot continue it as 0.1.0 did. "
             "Re-create it with this version (mlx_lm.cache_prompt)."
+        )
+    if version >= 4 and "recent_exact" not in meta:
+        raise CacheFormatError(
+            f"This prompt cache (format {version}) lacks recent_exact; re-create it with "
+            "this version."
         )
     if version == 1 and "max_size" in meta:
         raise CacheFormatError(
@@ -117,6 +127,20 @@ def encode(codec, keys, values):
     return fused if fused is not None else codec.encode(keys, values)
 
 
+def check_recent_exact(recent_exact):
+    """The window of exactly read keys a cache is asked for, or ValueError."""
+    if (
+        not isinstance(recent_exact, int)
+        or isinstance(recent_exact, bool)
+        or recent_exact < 1
+    ):
+        raise ValueError(
+            f"recent_exact must be an integer >= 1 (1: each query reads only itself and "
+            f"the sink tokens exactly), got {recent_exact!r}."
+        )
+    return recent_exact
+
+
 def _check_keys_values(keys, values):
     if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
         raise TypeError("TurboQuant caches take mx.array keys and values.")
@@ -137,12 +161,16 @@ class _TurboCache:
     # them (see _calibrate), so they never depend on how the prompt was chunked or on
     # what a prompt cache reused.
     sink_tokens = 16
-    # Each query reads its own key exactly; every other key but the sink tokens is
-    # read compressed, whatever the chunking (TurboKV.window).
-    exact_window = 1
 
     def __init__(
-        self, scheme, *, seed=0, layer=0, uncompressed_start=0, key_calibration=None
+        self,
+        scheme,
+        *,
+        seed=0,
+        layer=0,
+        uncompressed_start=0,
+        key_calibration=None,
+        recent_exact=DEFAULT_RECENT_EXACT,
     ):
         self.scheme = parse_scheme(scheme)
         if self.scheme is None:
@@ -160,6 +188,12 @@ class _TurboCache:
         # the prompt was chunked (see _compressing).
         self.sink_tokens = max(type(self).sink_tokens, uncompressed_start)
         self.key_calibration = key_calibration
+        # Each query reads itself and the recent_exact - 1 tokens before it exactly
+        # (TurboKV.window), every other key but the sink tokens compressed: ``recent``
+        # keeps exact copies of the last recent_exact - 1 tokens, as the model gave
+        # them, so the rule holds whatever the chunking or a reused prefix.
+        self.recent_exact = check_recent_exact(recent_exact)
+        self.recent = None
         self.offset = 0
         self.codec = None  # built when compression starts
         self.stored = None  # compressed arrays, token axis 2
@@ -239,10 +273,33 @@ class _TurboCache:
 
     def _encode(self, keys, values, start):
         """Keep the sink tokens among these (the first at position ``start``), calibrate
-        once they are all there, compress."""
+        once they are all there, compress: (stored arrays, the exact tail's keys and
+        values: the recent tokens before these, then these, in the attention domain)."""
         self._keep_sinks(keys, values, start)
         self._calibrate()
-        return encode(self.codec, keys, values)
+        stored, exact_keys, exact_values = encode(self.codec, keys, values)
+        return (stored, *self._with_recent(keys, values, exact_keys, exact_values))
+
+    def _with_recent(self, keys, values, exact_keys, exact_values):
+        """These tokens' exact keys and values led by the recent tokens kept before them
+        (converted by the current codec); keep the last recent_exact - 1 of them all."""
+        keep = self.recent_exact - 1
+        if not keep:
+            return exact_keys, exact_values
+        if self.recent is not None:
+            exact_keys, exact_values = (
+                mx.concatenate([r, a], axis=2)
+                for r, a in zip(
+                    self.codec.exact(*self.recent), (exact_keys, exact_values)
+                )
+            )
+            keys, values = (
+                mx.concatenate([r, a], axis=2)
+                for r, a in zip(self.recent, (keys, values))
+            )
+        # Copies: a slice would keep the whole chunk's K/V alive with it.
+        self.recent = tuple(mx.contiguous(a[:, :, -keep:]) for a in (keys, values))
+        return exact_keys, exact_values
 
     def _sink_count(self):
         return 0 if self.sinks is None else self.sinks[0].shape[2]
@@ -283,24 +340,27 @@ class _TurboCache:
         return (*self._attention_sinks(), _leading_positions(self._sink_count()))
 
     def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
-        """The TurboKV over ``stored``; ``exact_at`` (ring index) places a lone exact token
-        that is not last (a sliding window's newest), given as a sink unless it is one."""
+        """The TurboKV over ``stored``; ``exact_at`` (ring indices) places exact tokens
+        that are not last (a sliding window's newest and the recent ones before it),
+        given as sinks unless they are sink tokens (which the sinks hold already)."""
         sinks = self._sinks_in(stored[0].shape[2])
         if exact_at is not None:
-            if self.offset > self._sink_count():  # else the sinks hold it already
-                newest = (
-                    exact_keys,
-                    exact_values,
-                    mx.array([exact_at])[None, None, :, None],
+            first = self.offset - len(exact_at)  # position of the first of them
+            skip = max(0, min(self._sink_count() - first, len(exact_at)))
+            if skip < len(exact_at):
+                held = (
+                    exact_keys[:, :, skip:],
+                    exact_values[:, :, skip:],
+                    mx.array(exact_at[skip:])[None, None, :, None],
                 )
                 sinks = (
-                    newest
+                    held
                     if sinks is None
-                    else tuple(mx.concatenate(p, axis=2) for p in zip(sinks, newest))
+                    else tuple(mx.concatenate(p, axis=2) for p in zip(sinks, held))
                 )
             exact_keys = exact_values = None
         return TurboKV(
-            self.codec, stored, exact_keys, exact_values, sinks, self.exact_window
+            self.codec, stored, exact_keys, exact_values, sinks, self.recent_exact
         )
 
     def compress_now(self):
@@ -316,7 +376,19 @@ class _TurboCache:
         return self.offset
 
     def is_trimmable(self):
-        return True
+        # A trim would leave the last tokens without the exact copies a cold prefill
+        # reads them with: a cache keeping recent copies cannot be trimmed exactly.
+        return self.recent_exact == 1
+
+    def _refuse_trim(self, n):
+        if n > 0 and self.recent_exact > 1 and self.codec is not None:
+            raise ValueError(
+                f"This TurboQuant cache reads the {self.recent_exact - 1} tokens before each "
+                "query exactly and keeps exact copies of the last ones only: after a trim, "
+                "the new last tokens have none, so it would not continue as a cold one. "
+                "Build caches with recent_exact=1 where they must be trimmed (speculative "
+                "decoding)."
+            )
 
     # A pipeline stage ties its send into the graph through its last cache:
     # ``cache[-1].keys = mx.depends(cache[-1].keys, h)`` (mlx-lm's pipelined models).
@@ -338,6 +410,7 @@ class _TurboCache:
             n = self.uncompressed.trim(n)
             self.offset = self.uncompressed.offset
             return n
+        self._refuse_trim(n)
         n = min(self.offset, n)
         self.offset -= n
         if self._sink_count() > self.offset:
@@ -357,6 +430,7 @@ class _TurboCache:
         arrays = (
             list(self.stored or ())
             + list(self.sinks or ())
+            + list(self.recent or ())
             + self._converted_sink_arrays()
         )
         if self.codec is not None:
@@ -381,6 +455,7 @@ class _TurboCache:
             "uncompressed_start": self.uncompressed_start,
             "key_calibration": self.key_calibration,
             "sink_tokens": self.sink_tokens,
+            "recent_exact": self.recent_exact,
             "offset": self.offset,
             "codec": self.codec.meta() if self.codec else None,
             **self._extra_meta(),
@@ -396,6 +471,8 @@ class _TurboCache:
         self.uncompressed_start = meta["uncompressed_start"]
         self.key_calibration = meta["key_calibration"]
         self.sink_tokens, self.offset = meta["sink_tokens"], meta["offset"]
+        # Formats 1-3 read only the query itself exactly besides the sink tokens.
+        self.recent_exact = meta.get("recent_exact", 1)
         self._set_extra_meta(meta)
         self._codec_meta = meta["codec"]
 
@@ -426,8 +503,9 @@ class _TurboCache:
 
     @property
     def state(self):
-        """[meta json, key mean, key scale, sink keys, sink values, *arrays]: flat, so a
-        saved file round-trips."""
+        """[meta json, key mean, key scale, sink keys, sink values, recent keys, recent
+        values, *arrays]: flat, so a saved file round-trips (formats 1-3 had no recent
+        copies)."""
         if self.codec is not None:
             arrays = list(self._stored_slice() or ())
             mean, scale = self.codec.key_mean, self.codec.key_scale
@@ -436,14 +514,23 @@ class _TurboCache:
         else:
             arrays, mean, scale = [], None, None
         sink_keys, sink_values = self.sinks or (None, None)
-        return [self.meta_state[0], mean, scale, sink_keys, sink_values, *arrays]
+        recent_keys, recent_values = self.recent or (None, None)
+        return [
+            self.meta_state[0],
+            *(mean, scale, sink_keys, sink_values, recent_keys, recent_values),
+            *arrays,
+        ]
 
     @state.setter
     def state(self, v):
         meta, mean, scale, sink_keys, sink_values, *arrays = v
         self.meta_state = (meta,)
+        recent_keys = recent_values = None
+        if self._format >= 4:
+            recent_keys, recent_values, *arrays = arrays
         self.codec, self.stored, self.uncompressed = None, None, None
         self.sinks = None if sink_keys is None else (sink_keys, sink_values)
+        self.recent = None if recent_keys is None else (recent_keys, recent_values)
         if self._codec_meta is not None:  # compressed
             _install_attention_dispatch()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
@@ -619,12 +706,34 @@ class TurboQuantRotatingKVCache(_TurboCache):
         return self._stored_slice()
 
     def _update_compressed(self, stored, exact_keys, exact_values):
-        if exact_keys.shape[2] == 1:
-            # Like RotatingKVCache: the whole ring in ring order, new token included.
+        n = stored[0].shape[2]
+        if n == 1:
+            # Like RotatingKVCache: the whole ring in ring order, new token included;
+            # the exact tail (the recent tokens, then it) sits before _idx, wrapping
+            # within the ring's unkept slots.
             ring = self._update_in_place(stored)
-            view = self._view(ring, exact_keys, exact_values, exact_at=self._idx - 1)
+            region = ring[0].shape[2] - self.keep
+            tail = min(exact_keys.shape[2], region)
+            at = [
+                self.keep + (self._idx - 1 - self.keep - age) % region
+                for age in range(tail - 1, -1, -1)
+            ]
+            exact_keys, exact_values = (
+                a[:, :, -tail:] for a in (exact_keys, exact_values)
+            )
+            view = self._view(ring, exact_keys, exact_values, exact_at=at)
         else:
-            view = self._view(self._update_concat(stored), exact_keys, exact_values)
+            ring = self._update_concat(stored)
+            # The tail must be the window's last tokens in order: the recent ones still
+            # there after the kept slots (a ring that dropped tokens holds, after its
+            # kept ones, only its last ones).
+            history = ring[0].shape[2] - n
+            consecutive = history if self.offset - n <= history else history - self.keep
+            recent = min(exact_keys.shape[2] - n, max(consecutive, 0))
+            exact_keys, exact_values = (
+                a[:, :, a.shape[2] - n - recent :] for a in (exact_keys, exact_values)
+            )
+            view = self._view(ring, exact_keys, exact_values)
         self._let_go_of_sinks()
         return view
 
@@ -632,7 +741,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
         return min(self.offset, self.max_size)
 
     def is_trimmable(self):
-        return self.offset < self.max_size
+        return self.offset < self.max_size and super().is_trimmable()
 
     def trim(self, n):
         trimmed = super().trim(n)

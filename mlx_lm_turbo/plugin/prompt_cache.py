@@ -3,10 +3,10 @@
 from typing import Optional
 
 from ..cache.attention import install_attention_dispatch
-from ..cache.cache import register_cache_classes
+from ..cache.cache import check_recent_exact, register_cache_classes
 from ..codec.schemes import parse_scheme
 from ..errors import UnsupportedModelError, UsageError
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .adapters import mlx_make_prompt_cache, model_type_of
 from .manager import adapter_for
 from .registry import registry
@@ -99,6 +99,7 @@ def make_prompt_cache(
     boundary_skip: int = DEFAULT_BOUNDARY_SKIP,
     max_kv_size: Optional[int] = None,
     uncompressed_start: int = 0,
+    recent_exact: int = DEFAULT_RECENT_EXACT,
     seed: int = 0,
     key_calibration: Optional[str] = None,
     model_path: Optional[str] = None,
@@ -110,10 +111,13 @@ def make_prompt_cache(
     counted among layers that have a KV cache, so hybrid models protect their
     first and last attention layers, not raw indices. Overrides matching the
     model type or ``model_path`` apply, then ``layer_schemes`` ({cache entry: scheme}).
+    Each query reads itself and the ``recent_exact - 1`` tokens before it exactly
+    (besides the sink tokens); caches with ``recent_exact > 1`` cannot be trimmed.
     ``kv_scheme="none"`` gives mlx-lm's caches.
     """
     if parse_scheme(kv_scheme) is None:
         return mlx_make_prompt_cache(model, max_kv_size)
+    check_recent_exact(recent_exact)
     adapter, caches, layers, _ = plan(
         model,
         kv_scheme,
@@ -129,5 +133,6 @@ def make_prompt_cache(
         layers,
         seed=seed,
         uncompressed_start=uncompressed_start,
+        recent_exact=recent_exact,
         key_calibration=key_calibration,
     )
