@@ -175,6 +175,26 @@ def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monke
     assert record["options"]["sink_tokens"] == 3
 
 
+def test_recent_exact_reaches_the_caches(
+    tiny_model, two_questions, tmp_path, monkeypatch
+):
+    built = []
+    original = questions.build_cache
+
+    def spy(model, scheme, args):
+        cache = original(model, scheme, args)
+        built.append(cache)
+        return cache
+
+    monkeypatch.setattr(questions, "build_cache", spy)
+    record = run(
+        str(tiny_model("llama")), two_questions, tmp_path, "--recent-exact", "8"
+    )
+    turbo = [c for cache in built for c in cache if hasattr(c, "recent_exact")]
+    assert turbo and all(c.recent_exact == 8 for c in turbo)
+    assert record["options"]["recent_exact"] == 8
+
+
 def test_accepted_answers_match_whole_words():
     assert questions.is_correct("The symbol is Au.", ["Au"])
     assert questions.is_correct("It is the Pacific Ocean", ["pacific"])
@@ -196,6 +216,7 @@ def test_shipped_set_is_well_formed():
         (["--schemes", "none"], "drop 'none'"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1"),
         (["--sink-tokens", "-1"], "--sink-tokens must be >= 0"),
+        (["--recent-exact", "0"], "--recent-exact must be at least 1"),
         (["--exact-layers", "1,a"], "expected comma-separated layer numbers"),
         (["--questions", "/nonexistent.json"], "Cannot read questions file"),
         ([], "Model '/nonexistent' not found"),

@@ -25,7 +25,7 @@ from ..attach.preflight import load_model
 from ..codec.codec import KEY_CALIBRATIONS
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from . import compared_schemes, generate, leading_equal
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"
@@ -106,6 +106,7 @@ def build_cache(model, scheme, args):
         scheme,
         boundary_skip=args.boundary_skip,
         key_calibration=args.key_calibration,
+        recent_exact=args.recent_exact,
         model_path=args.model,
     )
     uncompressed = mlx_make_prompt_cache(model)
@@ -409,6 +410,14 @@ def main(argv=None):
         help="first tokens kept exact in each turbo cache (default: the cache's own)",
     )
     measure.add_argument(
+        "--recent-exact",
+        type=int,
+        default=DEFAULT_RECENT_EXACT,
+        metavar="W",
+        help="each query also reads the W - 1 tokens before it exactly "
+        f"(--turbo-recent-exact; default: {DEFAULT_RECENT_EXACT})",
+    )
+    measure.add_argument(
         "--key-calibration",
         choices=KEY_CALIBRATIONS,
         help="key calibration of the turbo caches (default: the codec's)",
@@ -443,6 +452,8 @@ def main(argv=None):
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
     if args.explain_group < 1:
         parser.error(f"--explain-group must be at least 1, got {args.explain_group}.")
+    if args.recent_exact < 1:
+        parser.error(f"--recent-exact must be at least 1, got {args.recent_exact}.")
     if args.sink_tokens is not None and args.sink_tokens < 0:
         parser.error(f"--sink-tokens must be >= 0, got {args.sink_tokens}.")
     questions = load_questions(args.questions)
@@ -484,6 +495,7 @@ def main(argv=None):
             "boundary_skip": args.boundary_skip,
             "sink_tokens": args.sink_tokens,
             "key_calibration": args.key_calibration,
+            "recent_exact": args.recent_exact,
             "exact_layers": args.exact_layers,
         },
         "summary": summarize(results, schemes),
