@@ -157,7 +157,8 @@ def test_exact_layers_everywhere_gives_fp16_answers(
             assert answer["leading_tokens_equal"] == answer["reference_tokens"]
 
 
-def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monkeypatch):
+def built_caches(monkeypatch):
+    """Every cache list the command builds, as it builds them."""
     built = []
     original = questions.build_cache
 
@@ -167,6 +168,11 @@ def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monke
         return cache
 
     monkeypatch.setattr(questions, "build_cache", spy)
+    return built
+
+
+def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monkeypatch):
+    built = built_caches(monkeypatch)
     record = run(
         str(tiny_model("llama")), two_questions, tmp_path, "--sink-tokens", "3"
     )
@@ -178,15 +184,7 @@ def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monke
 def test_recent_exact_reaches_the_caches(
     tiny_model, two_questions, tmp_path, monkeypatch
 ):
-    built = []
-    original = questions.build_cache
-
-    def spy(model, scheme, args):
-        cache = original(model, scheme, args)
-        built.append(cache)
-        return cache
-
-    monkeypatch.setattr(questions, "build_cache", spy)
+    built = built_caches(monkeypatch)
     record = run(
         str(tiny_model("llama")), two_questions, tmp_path, "--recent-exact", "8"
     )
