@@ -163,6 +163,8 @@ def main():
         }
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
+        if args.json:  # a long run keeps what it measured if it is cut off
+            Path(args.json).write_text(json.dumps(rows, indent=1))
 
     t0 = time.time()
     record(
@@ -196,8 +198,6 @@ def main():
                     record(scheme, calibration, skip, sinks, logprobs, t0, recent)
 
     print_table(rows, args.prefill, args.decode, model)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -96,6 +96,10 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
         (["--needle-depths", "1.5"], "from 0 to 1"),
         (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
         (
+            ["--recent-exact", "0"],
+            "--recent-exact: recent_exact must be an integer >= 1",
+        ),
+        (
             ["--from-json", "/nonexistent.json"],
             "--from-json: cannot read /nonexistent.json",
         ),
@@ -148,3 +152,66 @@ def test_bits_per_value_counts_the_tokens_a_sliding_window_holds(tiny_model):
     windows = [c for c in cache if getattr(c, "max_size", None)]
     assert windows and all(c.offset > c.max_size for c in windows)
     assert kind.bits_per_value(cache, 16) == pytest.approx(4.25, abs=0.01)
+
+
+def test_all_in_bits_count_the_exact_tokens_a_cache_keeps(tiny_model):
+    # The scheme's bits are the same with or without recent tokens kept exactly; all in,
+    # W - 1 exact tokens per layer add (W - 1) x the model's bits over the tokens held,
+    # and the exact sink tokens and key statistics are counted at W = 1 already.
+    model, _ = load(str(tiny_model("llama")))
+    dtype_bits = 8 * model.layers[0].self_attn.k_proj.weight.dtype.size
+    tokens = mx.random.randint(3, 262, (1, 100), key=mx.random.key(4))
+    rows = {}
+    for recent in (1, 9):
+        kind = bench.CacheKind("turbo4", boundary_skip=0, recent_exact=recent)
+        cache = kind.make(model)
+        model(tokens, cache=cache)
+        rows[recent] = (
+            kind.name,
+            kind.bits_per_value(cache, 16),
+            kind.bits_all_in(cache),
+        )
+    assert rows[1][0] == "turbo4" and rows[9][0] == "turbo4 r9"
+    assert rows[1][1] == rows[9][1] == pytest.approx(4.125)  # head_dim 128
+    sinks = 16 * dtype_bits / 100  # 16 exact first tokens of 100
+    key_mean = 128 * 32 / (100 * 256)  # one float32 per key channel (key centring)
+    assert rows[1][2] - rows[1][1] == pytest.approx(sinks + key_mean)
+    assert rows[9][2] - rows[1][2] == pytest.approx(8 * dtype_bits / 100)
+
+
+def test_bench_runs_each_turbo_cache_per_recent_width(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    bench.main(
+        [
+            "--model",
+            str(tiny_model("llama")),
+            "--contexts",
+            "48",
+            "--decode",
+            "4",
+            "--needle-contexts",
+            "--memory-context",
+            "0",
+            "--caches",
+            "fp16",
+            "affine4",
+            "turbo2",
+            "--recent-exact",
+            "1",
+            "8",
+            "--boundary-skip",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["cache"]: r for r in results["rows"]}
+    assert list(rows) == ["fp16", "affine4", "turbo2", "turbo2 r8"]
+    assert rows["fp16"]["bits_all_in"] == rows["fp16"]["bits_per_value"]
+    assert rows["affine4"]["bits_all_in"] == 4.5
+    assert rows["turbo2 r8"]["bits_all_in"] > rows["turbo2"]["bits_all_in"]
+    assert (
+        rows["turbo2 r8"]["kl"] != rows["turbo2"]["kl"]
+    )  # the window reached the cache
+    assert "| turbo2 r8 | 2.125 |" in (out / "results.md").read_text()

@@ -8,6 +8,13 @@ retrieval at several depths and context lengths; prefill and decode speed as
 ratios to fp16; and peak memory while prefilling the longest context. It writes
 results.json, results.md, kl_vs_bits.png and memory_vs_context.png.
 
+Two bit counts per cache: the scheme's (codes and norms, what each further token
+costs) and all in (every array the cache holds after the run, as a saved file holds
+it: exact sink tokens, exact recent tokens, key statistics, uncompressed layers),
+divided by the values held. ``--recent-exact W ...`` runs each turbo cache once per
+W; a row ``turbo3 r32`` is turbo3 with each query also reading the 31 tokens before
+it exactly (``--turbo-recent-exact 32`` of the mlx-lm commands).
+
 The affine rows are mlx-lm's ``--kv-bits`` quantization (group 64) applied after
 an fp16 prefill, attended in dequantized form (same error; runs on every
 backend), so their memory is computed from their storage format, not measured.
@@ -22,7 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .gguf import DEMO_MODEL, KNOWN_MODELS
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
 
@@ -75,10 +82,12 @@ def book_tokens(tokenizer, n):
 class CacheKind:
     """One row of the benchmark: how to build the cache, and what it stores per value."""
 
-    def __init__(self, name, boundary_skip):
+    def __init__(self, name, boundary_skip, recent_exact=DEFAULT_RECENT_EXACT):
+        from ..cache.cache import check_recent_exact
         from ..codec.schemes import parse_scheme
 
         self.name, self.boundary_skip = name, boundary_skip
+        self.recent_exact = check_recent_exact(recent_exact)
         self.affine_bits = None
         if name.startswith("affine"):
             if name[6:] not in AFFINE_BITS:
@@ -87,6 +96,8 @@ class CacheKind:
                 )
             self.affine_bits = int(name[6:])
         self.scheme = None if name == "fp16" or self.affine_bits else parse_scheme(name)
+        if self.scheme is not None and recent_exact != DEFAULT_RECENT_EXACT:
+            self.name = f"{name} r{recent_exact}"
 
     def make(self, model):
         from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
@@ -95,7 +106,12 @@ class CacheKind:
 
         if self.scheme is None:
             return mlx_make_prompt_cache(model)
-        return make_prompt_cache(model, self.scheme, boundary_skip=self.boundary_skip)
+        return make_prompt_cache(
+            model,
+            self.scheme,
+            boundary_skip=self.boundary_skip,
+            recent_exact=self.recent_exact,
+        )
 
     @property
     def after_prefill(self):
@@ -124,6 +140,47 @@ class CacheKind:
                     * (c.codec.key_dim + c.codec.value_dim)
                 )
         return 8 * stored / values
+
+    def bits_all_in(self, cache):
+        """Bits per value held, counting every array the cache keeps (as ``state``
+        saves it: sink and recent tokens, key statistics, uncompressed layers)."""
+        if self.affine_bits:  # mlx-lm quantizes every token, nothing kept aside
+            return self.bits_per_value(cache, None)
+        held = values = 0
+        for c in cache:
+            arrays = [a for a in c.state if isinstance(a, mx.array)]
+            held += sum(a.nbytes for a in arrays)
+            values += _values_held(c, arrays)
+        return 8 * held / values
+
+
+def _values_held(c, state_arrays):
+    """K and V values of the tokens one layer's cache holds."""
+    if not hasattr(c, "codec"):  # mlx-lm's caches: state is (keys, values)
+        return sum(a.size for a in state_arrays[:2])
+    if c.codec is None:  # a turbo cache still uncompressed
+        return sum(a.size for a in c.uncompressed.state[:2])
+    tokens = c._stored_slice()[0]
+    heads = c.codec.n_kv_heads
+    return (
+        tokens.shape[0]
+        * tokens.shape[2]
+        * heads
+        * (c.codec.key_dim + c.codec.value_dim)
+    )
+
+
+def cache_kinds(args):
+    """The benchmark's rows: each turbo cache once per ``--recent-exact`` width."""
+    return [
+        CacheKind(name, args.boundary_skip, recent)
+        for name in args.caches
+        for recent in (
+            dict.fromkeys(args.recent_exact)
+            if name != "fp16" and not name.startswith("affine")
+            else [DEFAULT_RECENT_EXACT]
+        )
+    ]
 
 
 def values_per_token(model, dtype):
@@ -196,7 +253,7 @@ def run(args, checkpoint=lambda results: None):
         for _, p in tree_flatten(model.parameters())
         if p.dtype in (mx.float16, mx.bfloat16, mx.float32)
     )
-    kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
+    kinds = cache_kinds(args)
     for kind in kinds:  # a refused model or scheme fails before anything is measured
         if kind.scheme is not None:
             plan(
@@ -242,6 +299,7 @@ def run(args, checkpoint=lambda results: None):
                 "context": context,
                 **compare(reference, logprobs, targets),
                 "bits_per_value": kind.bits_per_value(cache, 8 * dtype.size),
+                "bits_all_in": kind.bits_all_in(cache),
                 "prefill_speed_vs_fp16": ref_timings["prefill_seconds"]
                 / timings["prefill_seconds"],
                 "decode_speed_vs_fp16": ref_timings["decode_seconds"]
@@ -304,11 +362,15 @@ def markdown(results):
     lines = [
         f"Model `{results['model']}` on {results['device']}, {results['dtype']} weights; "
         f"{results['decode_steps']} teacher-forced decode steps after each context; "
-        f"boundary skip {results['boundary_skip']}.",
+        f"boundary skip {results['boundary_skip']}. bits/value: the scheme's codes "
+        "and norms; all in: every array the cache holds after the longest context "
+        "and its decode steps, per value held (exact sink and recent tokens "
+        "included). A row `turbo3 r32`: each query also reads the 31 tokens before "
+        "it exactly (--recent-exact).",
         "",
     ]
     contexts = sorted({r["context"] for r in results["rows"]})
-    header = "| cache | bits/value | KV bytes/token |"
+    header = "| cache | bits/value | all in | KV bytes/token |"
     for c in contexts:
         header += f" KL @{c} | top-1 @{c} | ppl @{c} |"
     header += " needle | prefill vs fp16 | decode vs fp16 |"
@@ -317,7 +379,11 @@ def markdown(results):
     for name in names:
         rows = {r["context"]: r for r in results["rows"] if r["cache"] == name}
         last = rows[contexts[-1]]
-        line = f"| {name} | {last['bits_per_value']:.3f} | {last['kv_bytes_per_token']:.0f} |"
+        all_in = f"{last['bits_all_in']:.3f}" if "bits_all_in" in last else "-"
+        line = (
+            f"| {name} | {last['bits_per_value']:.3f} | {all_in} |"
+            f" {last['kv_bytes_per_token']:.0f} |"
+        )
         for c in contexts:
             line += (
                 f" {rows[c]['kl']:.4f} | {rows[c]['top1']:.3f} | {rows[c]['ppl']:.2f} |"
@@ -365,10 +431,12 @@ def plots(results, out_dir):
     rows = [
         r for r in results["rows"] if r["context"] == context and r["cache"] != "fp16"
     ]
+    # all in where the run counted it (results.json files before it did not)
+    bits = "bits_all_in" if all("bits_all_in" in r for r in rows) else "bits_per_value"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for family, marker in (("turbo", "o"), ("affine", "s")):
         pts = sorted(
-            (r["bits_per_value"], max(r["kl"], 1e-6), r["cache"])
+            (r[bits], max(r["kl"], 1e-6), r["cache"])
             for r in rows
             if r["cache"].startswith(family)
         )
@@ -391,7 +459,7 @@ def plots(results, out_dir):
         fig,
         ax,
         out_dir / "kl_vs_bits.png",
-        "bits per value",
+        "bits per value" + (", all in" if bits == "bits_all_in" else ""),
         f"KL vs fp16 cache (nats/token), {context}-token context",
     )
 
@@ -443,6 +511,11 @@ def _check_options(parser, args):
             CacheKind(name, args.boundary_skip)
     except ValueError as error:
         parser.error(f"--caches: {error}")
+    try:
+        for recent in args.recent_exact:
+            CacheKind("turbo4", args.boundary_skip, recent)
+    except ValueError as error:
+        parser.error(f"--recent-exact: {error}")
     if args.caches[0] != "fp16":
         parser.error(
             "--caches must start with fp16: every ratio is measured against it."
@@ -497,6 +570,15 @@ def main(argv=None):
         help="0 to skip the peak-memory runs",
     )
     parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
+    parser.add_argument(
+        "--recent-exact",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_RECENT_EXACT],
+        metavar="W",
+        help="run each turbo cache with each query also reading the W - 1 tokens "
+        f"before it exactly, once per W (default: {DEFAULT_RECENT_EXACT})",
+    )
     parser.add_argument(
         "--dtype",
         default="auto",
