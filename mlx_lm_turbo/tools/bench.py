@@ -277,7 +277,7 @@ def run(args, checkpoint=lambda results: None):
         targets = tokens[context:]
         # Run every cache once at this length untimed: the first run of a kernel
         # at a new shape pays its JIT, which would skew the speed ratios.
-        for kind in kinds:
+        for kind in kinds if args.speed else []:
             teacher_forced_logprobs(
                 model,
                 tokens[: context + 2],
@@ -300,11 +300,14 @@ def run(args, checkpoint=lambda results: None):
                 **compare(reference, logprobs, targets),
                 "bits_per_value": kind.bits_per_value(cache, 8 * dtype.size),
                 "bits_all_in": kind.bits_all_in(cache),
-                "prefill_speed_vs_fp16": ref_timings["prefill_seconds"]
-                / timings["prefill_seconds"],
-                "decode_speed_vs_fp16": ref_timings["decode_seconds"]
-                / timings["decode_seconds"],
             }
+            if args.speed:
+                row["prefill_speed_vs_fp16"] = (
+                    ref_timings["prefill_seconds"] / timings["prefill_seconds"]
+                )
+                row["decode_speed_vs_fp16"] = (
+                    ref_timings["decode_seconds"] / timings["decode_seconds"]
+                )
             row["kv_bytes_per_token"] = row["bits_per_value"] / 8 * per_token
             results["rows"].append(row)
             say(
@@ -358,6 +361,11 @@ def _fmt_needle(results, name):
     return f"{sum(hits)}/{len(hits)}" if hits else "-"
 
 
+def _fmt_speed(row, phase):
+    speed = row.get(f"{phase}_speed_vs_fp16")  # absent in a --no-speed run
+    return "-" if speed is None else f"{speed:.2f}x"
+
+
 def markdown(results):
     lines = [
         f"Model `{results['model']}` on {results['device']}, {results['dtype']} weights; "
@@ -389,8 +397,8 @@ def markdown(results):
                 f" {rows[c]['kl']:.4f} | {rows[c]['top1']:.3f} | {rows[c]['ppl']:.2f} |"
             )
         line += (
-            f" {_fmt_needle(results, name)} | {last['prefill_speed_vs_fp16']:.2f}x |"
-            f" {last['decode_speed_vs_fp16']:.2f}x |"
+            f" {_fmt_needle(results, name)} | {_fmt_speed(last, 'prefill')} |"
+            f" {_fmt_speed(last, 'decode')} |"
         )
         lines.append(line)
     if results["peak_memory"]:
@@ -584,6 +592,13 @@ def main(argv=None):
         default="auto",
         choices=["auto", "model", "float16", "bfloat16", "float32"],
         help="activations' dtype; auto: float16 on a GPU, the model's own on CPU",
+    )
+    parser.add_argument(
+        "--no-speed",
+        dest="speed",
+        action="store_false",
+        help="quality and memory only: no untimed warm-up run per cache and context "
+        "(halves the time where prefill dominates, e.g. on CPU), no speed columns",
     )
     parser.add_argument("--out", default="bench-out")
     parser.add_argument(
