@@ -222,3 +222,20 @@ def test_bench_runs_each_turbo_cache_per_recent_width_without_speed(
     # --no-speed: no warm-up runs, so no speed ratios claimed
     assert all("decode_speed_vs_fp16" not in r for r in rows.values())
     assert table.count("| - | - |") == len(rows)
+
+
+def test_affine_baseline_keeps_sliding_windows(tiny_model):
+    # mlx-lm's affine caches quantize what the model gave; a sliding-window layer must
+    # still see only its window afterwards. At 8 bits the affine rows stay next to
+    # fp16; an unbounded cache there (what the baseline once built) reads past the
+    # 16-token window and moves every distribution.
+    from mlx_lm_turbo.tools.quality import affine_after_prefill
+
+    model, _ = load(str(tiny_model("gpt_oss")))
+    tokens = mx.random.randint(3, 262, (60,), key=mx.random.key(5))
+    reference = teacher_forced_logprobs(model, tokens, mlx_make_prompt_cache(model), 40)
+    affine = teacher_forced_logprobs(
+        model, tokens, mlx_make_prompt_cache(model), 40, affine_after_prefill(8)
+    )
+    metrics = compare(reference, affine, tokens[40:])
+    assert metrics["kl"] < 1e-4 and metrics["top1"] == 1.0

@@ -12,7 +12,7 @@ import math
 import time
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 
 def teacher_forced_logprobs(
@@ -62,6 +62,12 @@ def compare(reference: mx.array, other: mx.array, targets: mx.array) -> dict:
     }
 
 
+def _affine_round_trip(x, bits, group_size):
+    """``x`` as mlx-lm's ``QuantizedKVCache`` stores it (affine), dequantized."""
+    quantized = mx.quantize(x, bits=bits, group_size=group_size)
+    return mx.dequantize(*quantized, bits=bits, group_size=group_size).astype(x.dtype)
+
+
 class AffineRoundTripCache(KVCache):
     """Keys and values as mlx-lm's ``QuantizedKVCache`` stores them (affine, group 64),
     dequantized for ordinary attention: its quantized matmul has no CUDA kernel for
@@ -71,14 +77,30 @@ class AffineRoundTripCache(KVCache):
         super().__init__()
         self.quant = dict(bits=bits, group_size=group_size)
 
-    def _round_trip(self, x):
-        return mx.dequantize(*mx.quantize(x, **self.quant), **self.quant).astype(
-            x.dtype
+    def update_and_fetch(self, keys, values):
+        return super().update_and_fetch(
+            _affine_round_trip(keys, **self.quant),
+            _affine_round_trip(values, **self.quant),
         )
+
+
+class AffineRoundTripRotatingCache(RotatingKVCache):
+    """A sliding window's ring quantized the same way, still a window: mlx-lm has no
+    quantized rotating cache, and an unbounded one would let a sliding-window layer
+    attend past its window (another model, not another cache)."""
+
+    def __init__(self, ring, bits, group_size=64):
+        super().__init__(ring.max_size, ring.keep)
+        self.quant = dict(bits=bits, group_size=group_size)
+        if ring.keys is not None:
+            self.keys = _affine_round_trip(ring.keys, **self.quant)
+            self.values = _affine_round_trip(ring.values, **self.quant)
+        self.offset, self._idx = ring.offset, ring._idx
 
     def update_and_fetch(self, keys, values):
         return super().update_and_fetch(
-            self._round_trip(keys), self._round_trip(values)
+            _affine_round_trip(keys, **self.quant),
+            _affine_round_trip(values, **self.quant),
         )
 
 
@@ -86,9 +108,14 @@ def affine_after_prefill(bits, group_size=64):
     """As ``--kv-bits`` runs: prefill with an fp16 cache, then quantize it (``after_prefill``)."""
 
     def quantize(cache):
-        quantized = [AffineRoundTripCache(bits, group_size) for _ in cache]
-        for q, c in zip(quantized, cache):
+        quantized = []
+        for c in cache:
+            if isinstance(c, RotatingKVCache):
+                quantized.append(AffineRoundTripRotatingCache(c, bits, group_size))
+                continue
+            q = AffineRoundTripCache(bits, group_size)
             q.update_and_fetch(*c.keys_and_values())
+            quantized.append(q)
         return quantized
 
     return quantize
