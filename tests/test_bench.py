@@ -239,3 +239,13 @@ def test_affine_baseline_keeps_sliding_windows(tiny_model):
     )
     metrics = compare(reference, affine, tokens[40:])
     assert metrics["kl"] < 1e-4 and metrics["top1"] == 1.0
+
+
+def test_book_slices_start_as_prompts_do():
+    # A tokenizer that adds BOS (Gemma 3's) gets it, as mlx-lm's prompts do.
+    class Tokenizer:
+        def encode(self, text, add_special_tokens=True):
+            return [2] * add_special_tokens + [ord(c) % 250 + 3 for c in text]
+
+    tokens = bench.book_tokens(Tokenizer(), 6).tolist()
+    assert len(tokens) == 6 and tokens[0] == 2 and 2 not in tokens[1:]
