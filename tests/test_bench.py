@@ -249,3 +249,18 @@ def test_book_slices_start_as_prompts_do():
 
     tokens = bench.book_tokens(Tokenizer(), 6).tolist()
     assert len(tokens) == 6 and tokens[0] == 2 and 2 not in tokens[1:]
+
+
+def test_uncompressed_bits_come_from_the_cache_not_the_parameters(tiny_model):
+    # A quantized model's first float parameters (scales, an embedding) can be float16
+    # while its keys and values are float32, as SmolLM2's are on CPU.
+    model, _ = load(str(tiny_model("llama")))
+    model.set_dtype(mx.float32)
+    embedding = model.model.embed_tokens
+    embedding.weight = embedding.weight.astype(mx.float16)
+    dtype, per_token = bench.uncompressed_kv(model)
+    assert dtype == mx.float32
+    layers = model.layers
+    attention = layers[0].self_attn
+    kv_dims = attention.n_kv_heads * attention.head_dim * 2
+    assert per_token == len(layers) * kv_dims

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .gguf import DEMO_MODEL, KNOWN_MODELS
@@ -186,17 +185,19 @@ def cache_kinds(args):
     ]
 
 
-def values_per_token(model, dtype):
-    """K and V values one token adds across all KV layers, read off an fp16 cache."""
+def uncompressed_kv(model):
+    """(dtype, K and V values one token adds across all KV layers), read off an fp16
+    cache: the dtype the model's keys and values come in, which a quantized model's
+    parameters (float16 scales, float32 norms) do not tell."""
     from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
     cache = mlx_make_prompt_cache(model)
     model(mx.array([[1, 2]]), cache=cache)
-    return sum(
-        (c.keys.shape[1] * (c.keys.shape[3] + c.values.shape[3]))
-        for c in cache
-        if getattr(c, "keys", None) is not None
+    layers = [c for c in cache if getattr(c, "keys", None) is not None]
+    per_token = sum(
+        c.keys.shape[1] * (c.keys.shape[3] + c.values.shape[3]) for c in layers
     )
+    return layers[0].keys.dtype, per_token
 
 
 def needle_prompt(tokenizer, context, depth, word):
@@ -251,11 +252,6 @@ def run(args, checkpoint=lambda results: None):
     model, tokenizer = load_model(model_path)
     if args.dtype != "model":
         model.set_dtype(getattr(mx, args.dtype))
-    dtype = next(
-        p.dtype
-        for _, p in tree_flatten(model.parameters())
-        if p.dtype in (mx.float16, mx.bfloat16, mx.float32)
-    )
     kinds = cache_kinds(args)
     for kind in kinds:  # a refused model or scheme fails before anything is measured
         if kind.scheme is not None:
@@ -265,7 +261,7 @@ def run(args, checkpoint=lambda results: None):
                 boundary_skip=args.boundary_skip,
                 model_path=model_path,
             )
-    per_token = values_per_token(model, dtype)
+    dtype, per_token = uncompressed_kv(model)
     results = {
         "model": model_path,
         "device": str(mx.default_device()),
@@ -371,7 +367,7 @@ def _fmt_speed(row, phase):
 
 def markdown(results):
     lines = [
-        f"Model `{results['model']}` on {results['device']}, {results['dtype']} weights; "
+        f"Model `{results['model']}` on {results['device']}, {results['dtype']} keys and values uncompressed; "
         f"{results['decode_steps']} teacher-forced decode steps after each context; "
         f"boundary skip {results['boundary_skip']}. bits/value: the scheme's codes "
         "and norms; all in: every array the cache holds after the longest context "
