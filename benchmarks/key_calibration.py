@@ -55,24 +55,30 @@ def with_sink_tokens(cache, n):
     return cache
 
 
-def all_in_bits(model, tokens, scheme, recent):
+def all_in_bits(model, tokens, scheme, recent, exact_bits=None):
     """Bits per value all in at ``tokens`` tokens, every layer at ``scheme``, counted as
     tools/allocate.py counts them (codes, norms, one exact copy of the sink tokens in
-    the model's dtype), with the recent tokens held exactly counted like sink tokens."""
+    the model's dtype, or in ``exact_bits``), with the recent tokens held exactly
+    counted like sink tokens."""
     shapes = [
-        dataclasses.replace(s, sink_tokens=s.sink_tokens + min(recent, s.tokens) - 1)
+        dataclasses.replace(
+            s,
+            sink_tokens=s.sink_tokens + min(recent, s.tokens) - 1,
+            exact_bits=exact_bits or s.exact_bits,
+        )
         for s in layer_shapes(model, tokens)
     ]
     scheme = parse_scheme(scheme)
     return allocated_bits(shapes, {s.index: scheme for s in shapes})
 
 
-def print_table(rows, prefill, decode, model):
+def print_table(rows, prefill, decode, model, exact_bits=None):
     tokens = prefill + decode - 1  # the last target is predicted, never cached
+    copies = f"{exact_bits}-bit" if exact_bits else "the model's dtype for"
     print(
         f"\n{prefill}-token prefill, {decode} teacher-forced decode steps; "
         f"fp16-cache perplexity {rows[0]['ppl_reference']:.2f}; bits per value all in at "
-        f"{tokens} tokens (boundary skip 0)\n"
+        f"{tokens} tokens (boundary skip 0; {copies} exact copies)\n"
     )
     print(
         "| cache | key calibration | boundary skip | sink tokens | recent exact "
@@ -83,7 +89,7 @@ def print_table(rows, prefill, decode, model):
         bits = "4.500" if r["cache"].startswith("affine4") else "-"
         if r["boundary_skip"] == 0:
             recent = r.get("recent_exact", DEFAULT_RECENT_EXACT)
-            bits = f"{all_in_bits(model, tokens, r['cache'], recent):.3f}"
+            bits = f"{all_in_bits(model, tokens, r['cache'], recent, exact_bits):.3f}"
         print(
             f"| {r['cache']} | {r['key_calibration']} | {r['boundary_skip']} | "
             f"{r['sink_tokens']} | {r.get('recent_exact', '-')} | {bits} | {r['kl']:.4f} "
@@ -132,12 +138,20 @@ def main():
     parser.add_argument(
         "--table-from", default=None, help="print the table of a saved --json and stop"
     )
+    parser.add_argument(
+        "--exact-bits",
+        type=int,
+        choices=[16, 32],
+        default=None,
+        help="count exact copies at these bits (default: the model's dtype; 16 is what "
+        "an fp16 or bf16 model holds where this CPU runs float32)",
+    )
     args = parser.parse_args()
 
     model, tokenizer = load(str(args.model or demo_model_path()))
     if args.table_from:
         rows = json.loads(Path(args.table_from).read_text())
-        return print_table(rows, args.prefill, args.decode, model)
+        return print_table(rows, args.prefill, args.decode, model, args.exact_bits)
     text = TEXT.read_text()
     start = len(text) // 10  # past the front matter
     tokens = mx.array(
@@ -197,7 +211,7 @@ def main():
                     )
                     record(scheme, calibration, skip, sinks, logprobs, t0, recent)
 
-    print_table(rows, args.prefill, args.decode, model)
+    print_table(rows, args.prefill, args.decode, model, args.exact_bits)
 
 
 if __name__ == "__main__":
