@@ -264,3 +264,20 @@ def test_uncompressed_bits_come_from_the_cache_not_the_parameters(tiny_model):
     attention = layers[0].self_attn
     kv_dims = attention.n_kv_heads * attention.head_dim * 2
     assert per_token == len(layers) * kv_dims
+
+
+def test_all_in_bits_of_a_hybrid_model_count_only_keys_and_values(tiny_model):
+    # qwen3_5 mixes recurrent layers (their state is not a KV cache) with attention.
+    model, _ = load(str(tiny_model("qwen3_5")))
+    tokens = mx.random.randint(3, 262, (1, 60), key=mx.random.key(6))
+    fp16 = bench.CacheKind("fp16", boundary_skip=0)
+    cache = fp16.make(model)
+    model(tokens, cache=cache)
+    dtype, _ = bench.uncompressed_kv(model)
+    assert fp16.bits_all_in(cache) == 8 * dtype.size
+    turbo = bench.CacheKind("turbo4", boundary_skip=0)
+    cache = turbo.make(model)
+    model(tokens, cache=cache)
+    attention = [c for c in cache if hasattr(c, "codec")]
+    assert 0 < len(attention) < len(cache)
+    assert turbo.bits_all_in(cache) == turbo.bits_all_in(attention)

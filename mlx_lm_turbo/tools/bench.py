@@ -150,6 +150,8 @@ class CacheKind:
             return self.bits_per_value(cache, None)
         held = values = 0
         for c in cache:
+            if not hasattr(c, "codec") and getattr(c, "keys", None) is None:
+                continue  # a recurrent layer's state (hybrid models): no keys, no values
             arrays = [a for a in c.state if isinstance(a, mx.array)]
             held += sum(a.nbytes for a in arrays)
             values += _values_held(c, arrays)
@@ -160,8 +162,12 @@ def _values_held(c, state_arrays):
     """K and V values of the tokens one layer's cache holds."""
     if not hasattr(c, "codec"):  # mlx-lm's caches: state is (keys, values)
         return sum(a.size for a in state_arrays[:2])
-    if c.codec is None:  # a turbo cache still uncompressed
-        return sum(a.size for a in c.uncompressed.state[:2])
+    if c.codec is None:  # a turbo cache still uncompressed, or empty
+        return (
+            0
+            if c.uncompressed is None
+            else sum(c.uncompressed.state[i].size for i in (0, 1))
+        )
     tokens = c._stored_slice()[0]
     heads = c.codec.n_kv_heads
     return (
