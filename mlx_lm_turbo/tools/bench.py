@@ -180,15 +180,12 @@ def _values_held(c, state_arrays):
 
 def cache_kinds(args):
     """The benchmark's rows: each turbo cache once per ``--recent-exact`` width."""
-    return [
-        CacheKind(name, args.boundary_skip, recent)
-        for name in args.caches
-        for recent in (
-            dict.fromkeys(args.recent_exact)
-            if name != "fp16" and not name.startswith("affine")
-            else [DEFAULT_RECENT_EXACT]
-        )
-    ]
+    kinds = []
+    for name in args.caches:
+        turbo = CacheKind(name, args.boundary_skip).scheme is not None
+        widths = dict.fromkeys(args.recent_exact) if turbo else [DEFAULT_RECENT_EXACT]
+        kinds += [CacheKind(name, args.boundary_skip, w) for w in widths]
+    return kinds
 
 
 def uncompressed_kv(model):
