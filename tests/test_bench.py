@@ -281,3 +281,34 @@ def test_all_in_bits_of_a_hybrid_model_count_only_keys_and_values(tiny_model):
     attention = [c for c in cache if hasattr(c, "codec")]
     assert 0 < len(attention) < len(cache)
     assert turbo.bits_all_in(cache) == turbo.bits_all_in(attention)
+
+
+def test_a_run_cut_off_after_its_rows_still_renders(tmp_path):
+    # The checkpoint a killed run leaves (rows measured, no needle or memory phase yet,
+    # as runs before these keys were written at the start left it) gives its table.
+    row = {
+        "cache": "fp16",
+        "context": 64,
+        "kl": 0.0,
+        "top1": 1.0,
+        "ppl": 9.0,
+        "ppl_reference": 9.0,
+        "bits_per_value": 16,
+        "bits_all_in": 16.0,
+        "kv_bytes_per_token": 1024.0,
+    }
+    results = {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float16",
+        "decode_steps": 4,
+        "boundary_skip": 2,
+        "rows": [row],
+    }
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    bench.main(["--from-json", str(saved), "--out", str(tmp_path / "again")])
+    table = (tmp_path / "again" / "results.md").read_text()
+    assert (
+        "| fp16 | 16.000 | 16.000 | 1024 | 0.0000 | 1.000 | 9.00 | - | - | - |" in table
+    )

@@ -272,6 +272,8 @@ def run(args, checkpoint=lambda results: None):
         "decode_steps": args.decode,
         "boundary_skip": args.boundary_skip,
         "rows": [],
+        "needle": [],
+        "peak_memory": [],
     }
     started = time.perf_counter()
     for context in args.contexts:
@@ -318,7 +320,6 @@ def run(args, checkpoint=lambda results: None):
             )
             checkpoint(results)
 
-    results["needle"], results["peak_memory"] = [], []
     for context in args.needle_contexts:
         for i, depth in enumerate(args.needle_depths):
             word = NEEDLE_WORDS[i % len(NEEDLE_WORDS)]
@@ -425,7 +426,8 @@ def _finish(plt, fig, ax, path, xlabel, ylabel):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run of fp16 alone plots nothing
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -614,6 +616,8 @@ def main(argv=None):
             results = json.loads(Path(args.from_json).read_text())
         except (OSError, ValueError) as error:
             parser.error(f"--from-json: cannot read {args.from_json}: {error}")
+        for phase in ("needle", "peak_memory"):  # a run cut off before these phases
+            results.setdefault(phase, [])
         write(results, out_dir)
         return 0
     _check_options(parser, args)
