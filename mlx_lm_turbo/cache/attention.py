@@ -31,7 +31,7 @@ _COMPUTE_DTYPE = mx.float32
 # float32) a block may hold during prefill. Peak memory grows with the block (decode:
 # ~50 KiB a token at 8 KV heads of 128 dims; a 1K-query chunk: 640 MiB at 2^24 score
 # elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
-# --blocks; benchmarks/results/decode_attention_blockwise_cpu.md).
+# --blocks; benchmarks/results/decode_block_sweep_cpu.md).
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << 21
 # Query rows (batch x query heads x queries) one pass over the history accumulates:
