@@ -11,6 +11,14 @@ from mlx_lm_turbo.tools import bench
 from mlx_lm_turbo.tools.quality import compare, teacher_forced_logprobs
 
 
+def run_bench(tiny_model, out, *options):
+    """``mlx-lm-turbo bench`` on the tiny llama, boundary layers compressed like the
+    rest; its results.json."""
+    model = str(tiny_model("llama"))
+    bench.main(["--model", model, *options, "--boundary-skip", "0", "--out", str(out)])
+    return json.loads((out / "results.json").read_text())
+
+
 def test_metrics_of_identical_caches(tiny_model):
     model, _ = load(str(tiny_model("llama")))
     tokens = mx.random.randint(3, 262, (40,), key=mx.random.key(2))
@@ -29,32 +37,14 @@ def test_metrics_of_identical_caches(tiny_model):
 
 def test_bench_end_to_end(tiny_model, tmp_path, capsys):
     out = tmp_path / "out"
-    bench.main(
-        [
-            "--model",
-            str(tiny_model("llama")),
-            "--contexts",
-            "48",
-            "--decode",
-            "6",
-            "--needle-contexts",
-            "120",
-            "--needle-depths",
-            "0.5",
-            "--memory-context",
-            "128",
-            "--caches",
-            "fp16",
-            "affine4",
-            "turbo8",
-            "turbo2",
-            "--boundary-skip",
-            "0",
-            "--out",
-            str(out),
-        ]
+    results = run_bench(
+        tiny_model,
+        out,
+        *("--contexts", "48", "--decode", "6"),
+        *("--needle-contexts", "120", "--needle-depths", "0.5"),
+        *("--memory-context", "128"),
+        *("--caches", "fp16", "affine4", "turbo8", "turbo2"),
     )
-    results = json.loads((out / "results.json").read_text())
     rows = {r["cache"]: r for r in results["rows"]}
     assert (
         rows["fp16"]["kl"] == pytest.approx(0.0, abs=1e-6)
@@ -183,32 +173,14 @@ def test_bench_runs_each_turbo_cache_per_recent_width_without_speed(
     tiny_model, tmp_path
 ):
     out = tmp_path / "out"
-    bench.main(
-        [
-            "--model",
-            str(tiny_model("llama")),
-            "--contexts",
-            "48",
-            "--decode",
-            "4",
-            "--needle-contexts",
-            "--memory-context",
-            "0",
-            "--caches",
-            "fp16",
-            "affine4",
-            "turbo2",
-            "--recent-exact",
-            "1",
-            "8",
-            "--no-speed",
-            "--boundary-skip",
-            "0",
-            "--out",
-            str(out),
-        ]
+    results = run_bench(
+        tiny_model,
+        out,
+        *("--contexts", "48", "--decode", "4"),
+        *("--needle-contexts", "--memory-context", "0"),
+        *("--caches", "fp16", "affine4", "turbo2"),
+        *("--recent-exact", "1", "8", "--no-speed"),
     )
-    results = json.loads((out / "results.json").read_text())
     rows = {r["cache"]: r for r in results["rows"]}
     assert list(rows) == ["fp16", "affine4", "turbo2", "turbo2 r8"]
     assert rows["fp16"]["bits_all_in"] == rows["fp16"]["bits_per_value"]

@@ -171,26 +171,18 @@ def built_caches(monkeypatch):
     return built
 
 
-def test_sink_tokens_reach_the_caches(tiny_model, two_questions, tmp_path, monkeypatch):
-    built = built_caches(monkeypatch)
-    record = run(
-        str(tiny_model("llama")), two_questions, tmp_path, "--sink-tokens", "3"
-    )
-    turbo = [c for cache in built for c in cache if hasattr(c, "sink_tokens")]
-    assert turbo and all(c.sink_tokens == 3 for c in turbo)
-    assert record["options"]["sink_tokens"] == 3
-
-
-def test_recent_exact_reaches_the_caches(
-    tiny_model, two_questions, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "option, attribute",
+    [("--sink-tokens", "sink_tokens"), ("--recent-exact", "recent_exact")],
+)
+def test_cache_options_reach_the_caches(
+    tiny_model, two_questions, tmp_path, monkeypatch, option, attribute
 ):
     built = built_caches(monkeypatch)
-    record = run(
-        str(tiny_model("llama")), two_questions, tmp_path, "--recent-exact", "8"
-    )
-    turbo = [c for cache in built for c in cache if hasattr(c, "recent_exact")]
-    assert turbo and all(c.recent_exact == 8 for c in turbo)
-    assert record["options"]["recent_exact"] == 8
+    record = run(str(tiny_model("llama")), two_questions, tmp_path, option, "3")
+    turbo = [c for cache in built for c in cache if hasattr(c, attribute)]
+    assert turbo and all(getattr(c, attribute) == 3 for c in turbo)
+    assert record["options"][attribute] == 3
 
 
 def test_accepted_answers_match_whole_words():

@@ -135,12 +135,7 @@ class CacheKind:
             if hasattr(c, "codec"):
                 arrays = c._stored_slice()
                 stored += sum(a.nbytes for a in arrays)
-                values += (  # the tokens held: a sliding window holds at most its size
-                    arrays[0].shape[2]
-                    * arrays[0].shape[0]
-                    * c.codec.n_kv_heads
-                    * (c.codec.key_dim + c.codec.value_dim)
-                )
+                values += _values_held(c, arrays)
         return 8 * stored / values
 
     def bits_all_in(self, cache):
@@ -159,7 +154,8 @@ class CacheKind:
 
 
 def _values_held(c, state_arrays):
-    """K and V values of the tokens one layer's cache holds."""
+    """K and V values of the tokens one layer's cache holds (a sliding window holds
+    at most its size)."""
     if not hasattr(c, "codec"):  # mlx-lm's caches: state is (keys, values)
         return sum(a.size for a in state_arrays[:2])
     if c.codec is None:  # a turbo cache still uncompressed, or empty
@@ -518,6 +514,8 @@ def write(results, out_dir):
 
 def _check_options(parser, args):
     """Bad options fail here, before the model loads."""
+    from ..cache.cache import check_recent_exact
+
     try:
         for name in args.caches:
             CacheKind(name, args.boundary_skip)
@@ -525,7 +523,7 @@ def _check_options(parser, args):
         parser.error(f"--caches: {error}")
     try:
         for recent in args.recent_exact:
-            CacheKind("turbo4", args.boundary_skip, recent)
+            check_recent_exact(recent)
     except ValueError as error:
         parser.error(f"--recent-exact: {error}")
     if args.caches[0] != "fp16":

@@ -4,8 +4,8 @@ A prompt of ``prefill`` tokens is processed in one chunk (its last token on its 
 only that position's logits are used, and leaving the others unevaluated skips the
 vocabulary projection over the whole prompt, most of a small model's prefill work at a
 large vocabulary), then the following tokens are fed one at a time, exactly as
-decoding does, and each step's next-token log-probabilities are kept. Comparing them with an fp16 cache's gives
-KL divergence, top-1 agreement and perplexity.
+decoding does, and each step's next-token log-probabilities are kept. Comparing them
+with an fp16 cache's gives KL divergence, top-1 agreement and perplexity.
 """
 
 import math
@@ -68,14 +68,9 @@ def _affine_round_trip(x, bits, group_size):
     return mx.dequantize(*quantized, bits=bits, group_size=group_size).astype(x.dtype)
 
 
-class AffineRoundTripCache(KVCache):
-    """Keys and values as mlx-lm's ``QuantizedKVCache`` stores them (affine, group 64),
-    dequantized for ordinary attention: its quantized matmul has no CUDA kernel for
-    every shape, and this runs on every backend with the same quantization error."""
-
-    def __init__(self, bits, group_size=64):
-        super().__init__()
-        self.quant = dict(bits=bits, group_size=group_size)
+class _AffineRoundTrip:
+    """New keys and values quantized and dequantized on their way into the cache
+    (``quant``: ``mx.quantize``'s bits and group size, set by the cache's ``__init__``)."""
 
     def update_and_fetch(self, keys, values):
         return super().update_and_fetch(
@@ -84,7 +79,17 @@ class AffineRoundTripCache(KVCache):
         )
 
 
-class AffineRoundTripRotatingCache(RotatingKVCache):
+class AffineRoundTripCache(_AffineRoundTrip, KVCache):
+    """Keys and values as mlx-lm's ``QuantizedKVCache`` stores them (affine, group 64),
+    dequantized for ordinary attention: its quantized matmul has no CUDA kernel for
+    every shape, and this runs on every backend with the same quantization error."""
+
+    def __init__(self, bits, group_size=64):
+        super().__init__()
+        self.quant = dict(bits=bits, group_size=group_size)
+
+
+class AffineRoundTripRotatingCache(_AffineRoundTrip, RotatingKVCache):
     """A sliding window's ring quantized the same way, still a window: mlx-lm has no
     quantized rotating cache, and an unbounded one would let a sliding-window layer
     attend past its window (another model, not another cache)."""
@@ -96,12 +101,6 @@ class AffineRoundTripRotatingCache(RotatingKVCache):
             self.keys = _affine_round_trip(ring.keys, **self.quant)
             self.values = _affine_round_trip(ring.values, **self.quant)
         self.offset, self._idx = ring.offset, ring._idx
-
-    def update_and_fetch(self, keys, values):
-        return super().update_and_fetch(
-            _affine_round_trip(keys, **self.quant),
-            _affine_round_trip(values, **self.quant),
-        )
 
 
 def affine_after_prefill(bits, group_size=64):
