@@ -1,7 +1,9 @@
 """Host time of building one fused decode-attention call (graph construction only,
 nothing evaluated), against MLX's own attention op, and with the kernel source as
 written (comments, indentation) instead of the stripped one ``kernels.dispatch.source``
-hands MLX. 4K tokens of turbo4, 8 KV heads, head_dim 128.
+hands MLX. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
+``mx.fast.cuda_kernel`` call alone with the same arguments, and a kernel of an empty
+body with as many inputs and template values, or with one of each.
 
     python benchmarks/kernel_host_cost.py
 """
@@ -57,6 +59,39 @@ def main():
     mx.eval(fused())  # compiled once
     chars = sum(map(len, written.values()))
     per_call(f"fused decode attention, source as written ({chars} chars)", fused)
+
+    calls = []
+    kernel = decode_attention._kernel()
+    decode_attention._kernel = lambda: lambda **kw: calls.append(kw) or kernel(**kw)
+    fused()
+    (arguments,) = calls
+    per_call("its mx.fast.cuda_kernel call alone", lambda: kernel(**arguments))
+    empty = mx.fast.cuda_kernel(
+        name="empty",
+        input_names=list(decode_attention.INPUTS),
+        output_names=["out", "work"],
+        source="",
+        ensure_row_contiguous=False,
+    )
+    mx.eval(empty(**arguments))
+    per_call(
+        f"empty kernel, {len(arguments['inputs'])} inputs, "
+        f"{len(arguments['template'])} template values",
+        lambda: empty(**arguments),
+    )
+    tiny = mx.fast.cuda_kernel(
+        name="empty1", input_names=["q"], output_names=["out"], source=""
+    )
+    one = dict(
+        inputs=[query],
+        template=[("T", mx.float16)],
+        grid=(32, 1, 1),
+        threadgroup=(32, 1, 1),
+        output_shapes=[query.shape],
+        output_dtypes=[query.dtype],
+    )
+    mx.eval(tiny(**one))
+    per_call("empty kernel, 1 input, 1 template value", lambda: tiny(**one))
 
 
 if __name__ == "__main__":

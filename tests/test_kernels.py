@@ -252,7 +252,7 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 @pytest.mark.parametrize("L", [1, 2, 8])
 def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
     # recent_exact: the exact tail is the 31 tokens before the step and the step,
-    # read exactly within a window of 32 (not yet run on a GPU).
+    # read exactly within a window of 32.
     cache = filled_cache(
         TurboQuantKVCache("turbo4", recent_exact=32), 700, 2, 128, mx.float16, chunk=300
     )
@@ -380,39 +380,11 @@ def test_doctor_says_which_attention_path_each_layer_takes(tiny_model, capsys):
     assert rows and rows[0].endswith(" |") and expected in rows[0]
 
 
-def test_views_with_recent_tokens_stay_on_the_portable_path_under_auto():
-    # recent_exact > 1 (an exact tail of W tokens; a window's recent tokens at ring
-    # positions) has GPU tests above that no GPU has run yet: auto leaves it to the
-    # portable path, MLX_LM_TURBO_KERNEL=on runs it.
-    from mlx_lm_turbo.kernels.decode_attention import unverified
-
-    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
-    assert unverified(step_inputs(plain, 1, 2, 2, 64, mx.float16)[1]) is None
-    young = filled_cache(
-        TurboQuantRotatingKVCache("turbo4", max_size=32), 40, 2, 64, mx.float16
-    )
-    assert unverified(step_inputs(young, 1, 2, 2, 64, mx.float16)[1]) is None
-    recent = filled_cache(
-        TurboQuantKVCache("turbo4", recent_exact=8), 40, 2, 64, mx.float16
-    )
-    view = step_inputs(recent, 1, 2, 2, 64, mx.float16)[1]
-    assert view.window == 8 and "recent" in unverified(view)
-    ring = filled_cache(
-        TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
-        60,
-        2,
-        64,
-        mx.float16,
-    )
-    view = step_inputs(ring, 1, 2, 2, 64, mx.float16)[1]
-    assert view.sinks[0].shape[2] == 8 and "recent" in unverified(view)
-
-
 @pytest.mark.gpu
 def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     # Each was checked against the portable path on the H200 (test_key_calibrations_...,
-    # test_sliding_window_cache, test_young_sliding_window_...: benchmarks/results/
-    # decode_kernel_h200_*.md), so auto no longer leaves them to the portable path.
+    # test_sliding_window_cache, test_young_sliding_window_..., the recent-token tests:
+    # benchmarks/results/decode_kernel_h200_*.md), so auto serves them.
     monkeypatch.setenv(KERNEL_ENV, "auto")
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
     q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
@@ -430,4 +402,20 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     )
     q, view, mask = step_inputs(young, 1, 2, 2, 64, mx.float16)
     assert view.new_keys is None and view.sinks[0].shape[2] > 1  # its first tokens
+    assert fused_decode_attention(q, view, 0.125, mask) is not None
+    recent = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=8), 40, 2, 64, mx.float16
+    )
+    q, view, mask = step_inputs(recent, 1, 2, 2, 64, mx.float16)
+    assert view.window == 8
+    assert fused_decode_attention(q, view, 0.125, mask) is not None
+    ring = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
+        60,
+        2,
+        64,
+        mx.float16,
+    )
+    q, view, mask = step_inputs(ring, 1, 2, 2, 64, mx.float16)
+    assert view.sinks[0].shape[2] == 8
     assert fused_decode_attention(q, view, 0.125, mask) is not None

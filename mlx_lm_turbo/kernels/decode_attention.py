@@ -25,7 +25,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
-from .dispatch import broadcast_rows, kernel_mode, placeholder, source, use_kernel
+from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
 MAX_QUERIES = (
     8  # decode and speculative decoding's verify step; longer queries are prefill
@@ -62,21 +62,9 @@ def _call_support(queries, kv, mask):
     return None
 
 
-def unverified(kv):
-    """What this call needs that no GPU run has checked against the portable path yet
-    (``auto`` leaves it to the portable path, ``on`` runs it); None if all was checked.
-    benchmarks/results/decode_kernel_h200_*.md names the runs."""
-    if kv.window is not None and kv.window > 1:
-        # tests/test_kernels.py's recent-token cases, written since the last GPU run
-        return "recent tokens read exactly (recent_exact > 1)"
-    return None
-
-
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     """The fused kernel's output for this call, or None where the portable path runs."""
     if not use_kernel(kv.codec) or _call_support(queries, kv, mask) is not None:
-        return None
-    if kernel_mode() == "auto" and unverified(kv) is not None:
         return None
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
 
