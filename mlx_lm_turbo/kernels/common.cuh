@@ -39,13 +39,13 @@ __device__ __forceinline__ float warp_sum(float x) {
 // exp2 that maps -inf (a masked score, or an empty running max) to 0.
 __device__ __forceinline__ float exp2_or_zero(float x) { return x == -INFINITY ? 0.0f : exp2f(x); }
 
-// Code j (0..31) of a group: bits [j * BITS, (j + 1) * BITS) of the group's bit stream.
+// Code j of a run of codes held in registers: bits [j * BITS, (j + 1) * BITS) of w.
 // j is a compile-time constant after unrolling, so this is one or two shifts and a mask.
-template <int BITS>
-__device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[BITS], int j) {
+template <int BITS, int N>
+__device__ __forceinline__ uint32_t code_at(const uint32_t (&w)[N], int j) {
   const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
   uint32_t v = w[word] >> shift;
-  if (shift + BITS > 32) v |= w[word + 1] << (32 - shift);
+  if (shift + BITS > 32 && word + 1 < N) v |= w[word + 1] << (32 - shift);
   return v & ((1u << BITS) - 1u);
 }
 
@@ -73,10 +73,28 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A 16-byte copy from global to shared memory that runs while the warp goes on
+// (sm_80+, like mma.sync); cp_async_commit closes a group of them, cp_async_wait<N>
+// waits until at most N groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Two floats as one f16x2 register, the first in the low half.
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Two halves as one f16x2 register, the first in the low half.
+__device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
+  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
 }
 
 // N consecutive floats of shared memory in as few loads as their alignment allows

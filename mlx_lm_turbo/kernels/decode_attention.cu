@@ -23,12 +23,23 @@ constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 // level pairs (2-4 bits) and a tile's whole rows fit the staging memory: each warp
 // multiplies its query rows (fp16 fragments, kept in registers) by 8 tokens' decoded
 // keys at a time instead of reading every query value from shared memory per dim.
+// fp16 tensor-core math only for fp16/bf16 models: a float32 model keeps float32 scores.
+constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
-constexpr bool KEY_MMA = KB >= 2 && KB <= 4 && D % 16 == 0 && NW * 32 * RW * 4 <= 36 * 1024;
+constexpr bool KEY_MMA =
+    HALF_MATH && KB >= 2 && KB <= 4 && D % 16 == 0 && NW * 32 * RW * 4 <= 36 * 1024;
+// The value sum on the tensor cores too (O^T += V^T P^T per 16 tokens): lane group g
+// (lane / 4) holds dims GD * g .. GD * (g + 1) - 1 of each token, so its value codes are
+// one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
+constexpr bool VALUE_MMA = HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= 128 && R <= 8;
+constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, words per group
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
-// row's staging starts in the row, and where its value codes sit in the stage.
+// row's staging starts in the row, and where its value codes sit in the stage. Two
+// buffers where they fit, so the next tile's copy runs while this one is read.
 constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
+constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
+constexpr int NBUF = 2 * NW * STAGE_TILE * 4 <= 36 * 1024 ? 2 : 1;
 
 // Sizes come with the arrays, so no per-call scalars need uploading.
 constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
@@ -47,13 +58,14 @@ __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 __shared__ float v_levels[1 << VB];
+__shared__ __half v_levels_h[VALUE_MMA ? 1 << VB : 1];
 __shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights x value norms
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
 // not per token); once every tile is done the same memory merges the warps' outputs.
-constexpr int STAGE_WORDS = NW * 32 * STAGE_STRIDE, ACC_FLOATS = NW * R * D;
-__shared__ uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
-uint32_t* stage = scratch + warp * 32 * STAGE_STRIDE;
+constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
+__shared__ __align__(16) uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
+auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
 // KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots.
 __shared__ uint32_t k_pairs[KEY_MMA ? 1 << (2 * KB) : 1];
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
@@ -76,7 +88,10 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
-for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
+for (int j = threadIdx.x; j < (1 << VB); j += THREADS) {
+  v_levels[j] = v_levels_in[j];
+  if constexpr (VALUE_MMA) v_levels_h[j] = __float2half(v_levels_in[j]);
+}
 if constexpr (KEY_MMA) {
   for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
     k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
@@ -183,36 +198,57 @@ auto norm_of = [](uint32_t word, int half) {
   return __half2float(__ushort_as_half((unsigned short)(word >> (16 * half))));
 };
 
-float m[R], l_lane[R], acc[R][DPL];
+float m[R], l_lane[R];
 #pragma unroll
 for (int r = 0; r < R; ++r) {
   m[r] = -INFINITY;
   l_lane[r] = 0.0f;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) acc[r][k] = 0.0f;
 }
+// A tile's rows go into `stage` as one contiguous copy where the rows are packed and
+// 16-byte aligned (asynchronous, 16 bytes a lane at a time), else word by word.
+const bool packed_rows = row_stride == RW && (reinterpret_cast<uintptr_t>(head_rows) & 15) == 0;
+auto stage_tile = [&](uint32_t* stage, int first, int end) {
+  const int n_items = min(32, end - first);
+  const uint32_t* src = head_rows + int64_t(first) * row_stride;
+  if (STAGE_STRIDE == RW && packed_rows) {
+    const int n_words = n_items * RW, n_vec = n_words / 4;
+    for (int v = lane; v < n_vec; v += 32) cp_async16(stage + 4 * v, src + 4 * v);
+    for (int w = 4 * n_vec + lane; w < n_words; w += 32) stage[w] = src[w];
+  } else {
+    for (int idx = lane; idx < n_items * STAGE_STRIDE; idx += 32) {
+      stage[idx] = src[int64_t(idx / STAGE_STRIDE) * row_stride + STAGE_FROM + idx % STAGE_STRIDE];
+    }
+  }
+  cp_async_commit();
+};
+// VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out.
+auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
+  const int bit = frag_group * GB, word = bit >> 5, shift = bit & 31;
+  uint32_t in[GW + 1];
+#pragma unroll
+  for (int i = 0; i <= GW; ++i) in[i] = word + i < VW ? values[word + i] : 0u;
+#pragma unroll
+  for (int i = 0; i < GW; ++i) out[i] = __funnelshift_r(in[i], in[i + 1], shift);
+};
+auto value_level = [&](const uint32_t (&bits)[GW], int j) {
+  return v_levels_h[code_at<VB>(bits, j)];
+};
 
 // One tile: up to 32 items (tokens, or exact items), one per lane for the scores,
 // then token by token for the values, each lane holding DPL dims of every row.
-auto attend_tile = [&](auto exact_tag, int first, int end) {
+auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage, auto& acc) {
   constexpr bool EXACT = decltype(exact_tag)::value != 0;
+  constexpr bool MMA_VALUES = VALUE_MMA && !EXACT;
   float s[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) s[r] = -INFINITY;
   float value_norm = 0.0f;
   const int item = first + lane;
   const int n_items = min(32, end - first);
-  if constexpr (!EXACT) {
-    for (int idx = lane; idx < n_items * STAGE_STRIDE; idx += 32) {
-      stage[idx] = head_rows[int64_t(first + idx / STAGE_STRIDE) * row_stride +
-                             STAGE_FROM + idx % STAGE_STRIDE];
-    }
-  }
   if constexpr (!EXACT && KEY_MMA) {
     // Raw key dots of the tile's tokens, 8 at a time: B's column `frag_group` is token
     // 8 * nt + frag_group, its rows 2t, 2t + 1 (+ 8) one pair of codes each. Rows past
     // n_items hold stale words; only their own columns see them, and nothing reads those.
-    __syncwarp();
     for (int nt = 0; nt * 8 < n_items; ++nt) {
       const uint32_t* key_codes = stage + (nt * 8 + frag_group) * RW;
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -285,7 +321,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
         for (int i = 0; i < KBW; ++i) w[i] = row[grp * KBW + i];
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const float level = k_levels[group_code<KBW>(w, j)];
+          const float level = k_levels[code_at<KBW>(w, j)];
           float qd[R];
           load_floats<R>(q_t + (grp * 32 + j) * R, qd);
 #pragma unroll
@@ -319,12 +355,49 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       p = exp2_or_zero(s[r] - m_new);
     }
     l_lane[r] = l_lane[r] * alpha + p;
+    if constexpr (MMA_VALUES) {
+      // this lane's accumulators hold rows 2t and 2t + 1
 #pragma unroll
-    for (int k = 0; k < DPL; ++k) acc[r][k] *= alpha;
+      for (int mt = 0; mt < D / 16; ++mt) {
+        if (r == 2 * frag_t) acc[mt][0] *= alpha, acc[mt][2] *= alpha;
+        if (r == 2 * frag_t + 1) acc[mt][1] *= alpha, acc[mt][3] *= alpha;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) acc[r][k] *= alpha;
+    }
     m[r] = m_new;
     weights[warp][lane][r] = p * value_norm;
   }
   __syncwarp();
+  if constexpr (MMA_VALUES) {
+    // 16 tokens a step: B (16 tokens x 8 rows) holds the rows' weights of tokens
+    // 2t, 2t + 1 (+ 8), A (16 dims x 16 tokens) the same tokens' levels of the group's
+    // dims 2mt, 2mt + 1. Tokens past n_items weigh 0 (their scores were -inf).
+    for (int k0 = 0; k0 < n_items; k0 += 16) {
+      const int tok = k0 + 2 * frag_t;
+      uint32_t b0 = 0u, b1 = 0u;
+      if (frag_group < R) {
+        const int g = frag_group;
+        b0 = pack_half2(weights[warp][tok][g], weights[warp][tok + 1][g]);
+        b1 = pack_half2(weights[warp][tok + 8][g], weights[warp][tok + 9][g]);
+      }
+      uint32_t bits[4][GW];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        value_bits(stage + (tok + (i & 1) + 8 * (i >> 1)) * STAGE_STRIDE + STAGE_VALUES, bits[i]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        const uint32_t a[4] = {
+            pack_halves(value_level(bits[0], 2 * mt), value_level(bits[1], 2 * mt)),
+            pack_halves(value_level(bits[0], 2 * mt + 1), value_level(bits[1], 2 * mt + 1)),
+            pack_halves(value_level(bits[2], 2 * mt), value_level(bits[3], 2 * mt)),
+            pack_halves(value_level(bits[2], 2 * mt + 1), value_level(bits[3], 2 * mt + 1))};
+        mma_16816(acc[mt], a, b0, b1);
+      }
+    }
+  } else {
 #pragma unroll 4
   for (int jj = 0; jj < n_items; ++jj) {
     float v[DPL];
@@ -352,23 +425,57 @@ auto attend_tile = [&](auto exact_tag, int first, int end) {
       for (int k = 0; k < DPL; ++k) acc[r][k] += wj[r] * v[k];
     }
   }
+  }
   __syncwarp();
 };
 
+// -- this warp's tiles; then its unnormalised rows go to warp_acc (the staging memory,
+// once every warp is done with it)
+auto store_rows = [&](auto mma_tag, auto& acc) {
+  __syncthreads();
+  if constexpr (decltype(mma_tag)::value != 0) {
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+      const int d = GD * frag_group + 2 * mt, r = 2 * frag_t;
+      if (r < R) warp_acc[warp][r][d] = acc[mt][0], warp_acc[warp][r][d + 1] = acc[mt][2];
+      if (r + 1 < R) warp_acc[warp][r + 1][d] = acc[mt][1], warp_acc[warp][r + 1][d + 1] = acc[mt][3];
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int k = 0; k < DPL; ++k) warp_acc[warp][r][lane * DPL + k] = acc[r][k];
+    }
+  }
+};
 if (HAS_EXACT && split == n_splits) {
+  float acc[R][DPL] = {};
   const int n_items = n_sinks + n_exact;
   for (int first = warp * 32; first < n_items; first += THREADS) {
-    attend_tile(Int<1>{}, first, n_items);
+    attend_tile(Int<1>{}, first, n_items, nullptr, acc);
   }
+  store_rows(Int<0>{}, acc);
 } else {
+  float acc[VALUE_MMA ? D / 16 : R][VALUE_MMA ? 4 : DPL] = {};
   const int start = split * split_len, end = min(n_tokens, start + split_len);
-  for (int first = start + warp * 32; first < end; first += THREADS) {
-    attend_tile(Int<0>{}, first, end);
+  int first = start + warp * 32;
+  if (first < end) stage_tile(stage_buffer(0), first, end);
+  for (int k = 0; first < end; ++k, first += THREADS) {
+    const int next = first + THREADS;
+    if (NBUF == 2 && next < end) {
+      stage_tile(stage_buffer(k + 1), next, end);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    attend_tile(Int<0>{}, first, end, stage_buffer(k), acc);
+    if (NBUF == 1 && next < end) stage_tile(stage_buffer(k + 1), next, end);
   }
+  store_rows(Int<VALUE_MMA>{}, acc);
 }
 
 // -- merge the warps; one partial output per (row, dim), unnormalised
-__syncthreads();  // every warp is done with its staging area, which warp_acc reuses
 #pragma unroll
 for (int r = 0; r < R; ++r) {
   const float l = warp_sum(l_lane[r]);
@@ -376,8 +483,6 @@ for (int r = 0; r < R; ++r) {
     warp_m[warp][r] = m[r];
     warp_l[warp][r] = l;
   }
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) warp_acc[warp][r][lane * DPL + k] = acc[r][k];
 }
 __syncthreads();
 const int n_parts = gridDim.x;
@@ -445,13 +550,21 @@ for (int r = warp; r < R; r += NW) {
   if (lane == 0) row_l[r] = l;
 }
 __syncthreads();
-for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
-  const int r = idx / D, d = idx % D;
-  const float* part = parts + (group_parts * R + r) * D + d;
-  float o = 0.0f;
+// Four dims a thread (float4 reads: the slices' reads in flight together).
+for (int idx = 4 * threadIdx.x; idx < R * D; idx += 4 * THREADS) {
+  const int r = idx / D;
+  const float4* part = reinterpret_cast<const float4*>(parts + group_parts * R * D + idx);
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-  for (int p = 0; p < n_parts; ++p) o += part_weight[p * R + r] * __ldcg(part + int64_t(p) * R * D);
-  q_rows[idx] = row_l[r] > 0.0f ? o / row_l[r] : 0.0f;  // the query rows' memory, free now
+  for (int p = 0; p < n_parts; ++p) {
+    const float w = part_weight[p * R + r];
+    const float4 x = __ldcg(part + int64_t(p) * (R * D / 4));
+    o.x += w * x.x, o.y += w * x.y, o.z += w * x.z, o.w += w * x.w;
+  }
+  const float inv = row_l[r] > 0.0f ? 1.0f / row_l[r] : 0.0f;
+  // the query rows' memory, free now
+  q_rows[idx] = o.x * inv, q_rows[idx + 1] = o.y * inv;
+  q_rows[idx + 2] = o.z * inv, q_rows[idx + 3] = o.w * inv;
 }
 __syncthreads();
 hadamard_rows<D>(q_rows, R);
