@@ -57,7 +57,8 @@ const int first_query = n_tokens - L;  // position of query row i is first_query
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
-__shared__ float v_levels[1 << VB];
+// The value levels: fp16 for the tensor cores (VALUE_MMA), else float.
+__shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
 __shared__ __half v_levels_h[VALUE_MMA ? 1 << VB : 1];
 __shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights x value norms
 __shared__ float warp_m[NW][R], warp_l[NW][R];
@@ -89,8 +90,11 @@ if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
 for (int j = threadIdx.x; j < (1 << VB); j += THREADS) {
-  v_levels[j] = v_levels_in[j];
-  if constexpr (VALUE_MMA) v_levels_h[j] = __float2half(v_levels_in[j]);
+  if constexpr (VALUE_MMA) {
+    v_levels_h[j] = __float2half(v_levels_in[j]);
+  } else {
+    v_levels[j] = v_levels_in[j];
+  }
 }
 if constexpr (KEY_MMA) {
   for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
@@ -234,8 +238,9 @@ auto value_level = [&](const uint32_t (&bits)[GW], int j) {
   return v_levels_h[code_at<VB>(bits, j)];
 };
 
-// One tile: up to 32 items (tokens, or exact items), one per lane for the scores,
-// then token by token for the values, each lane holding DPL dims of every row.
+// One tile: up to 32 items (tokens, or exact items), one per lane for the scores;
+// then the values, 16 tokens a step on the tensor cores (VALUE_MMA, compressed tiles)
+// or token by token, each lane holding DPL dims of every row.
 auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage, auto& acc) {
   constexpr bool EXACT = decltype(exact_tag)::value != 0;
   constexpr bool MMA_VALUES = VALUE_MMA && !EXACT;
@@ -399,32 +404,32 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     }
   } else {
 #pragma unroll 4
-  for (int jj = 0; jj < n_items; ++jj) {
-    float v[DPL];
-    if constexpr (EXACT) {
-      const T* row = exact_row(first + jj, sink_values, sink_values_strides, tail_values,
-                               tail_values_strides);
+    for (int jj = 0; jj < n_items; ++jj) {
+      float v[DPL];
+      if constexpr (EXACT) {
+        const T* row = exact_row(first + jj, sink_values, sink_values_strides, tail_values,
+                                 tail_values_strides);
 #pragma unroll
-      for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
-    } else {
-      constexpr int LANE_BITS = DPL * VB;
-      const uint32_t* row = stage + jj * STAGE_STRIDE + STAGE_VALUES;
-      const int bit = lane * LANE_BITS, word = bit >> 5, shift = bit & 31;
-      uint64_t window_bits = row[word];
-      if (shift + LANE_BITS > 32) window_bits |= uint64_t(row[word + 1]) << 32;
+        for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
+      } else {
+        constexpr int LANE_BITS = DPL * VB;
+        const uint32_t* row = stage + jj * STAGE_STRIDE + STAGE_VALUES;
+        const int bit = lane * LANE_BITS, word = bit >> 5, shift = bit & 31;
+        uint64_t window_bits = row[word];
+        if (shift + LANE_BITS > 32) window_bits |= uint64_t(row[word + 1]) << 32;
 #pragma unroll
-      for (int k = 0; k < DPL; ++k) {
-        v[k] = v_levels[uint32_t(window_bits >> (shift + k * VB)) & ((1u << VB) - 1u)];
+        for (int k = 0; k < DPL; ++k) {
+          v[k] = v_levels[uint32_t(window_bits >> (shift + k * VB)) & ((1u << VB) - 1u)];
+        }
+      }
+      float wj[R];
+      load_floats<R>(weights[warp][jj], wj);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) acc[r][k] += wj[r] * v[k];
       }
     }
-    float wj[R];
-    load_floats<R>(weights[warp][jj], wj);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int k = 0; k < DPL; ++k) acc[r][k] += wj[r] * v[k];
-    }
-  }
   }
   __syncwarp();
 };
