@@ -59,17 +59,18 @@ def cache_bytes(caches):
 
 
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
-    """Seconds per step, seconds of it spent building the step's graph on the host (before
-    the GPU runs anything), and peak memory (bytes) above what the caches held before."""
+    """Seconds per step evaluated one at a time, seconds of it spent building the step's
+    graph on the host (before the GPU runs anything), seconds per step pipelined as
+    mlx_lm.generate runs them (the next step's graph built and queued while this one
+    runs), and peak memory (bytes) above what the caches held before."""
     tokens = [
         mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16)
-        for _ in range(steps + 1)
+        for _ in range(2 * steps + 1)
     ]
     query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(tokens, query)
 
-    def step(token):
-        start = time.perf_counter()
+    def build(token):
         x = query
         for c in (
             caches
@@ -81,6 +82,11 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
                 scale=head_dim**-0.5,
                 mask=None,
             )
+        return x
+
+    def step(token):
+        start = time.perf_counter()
+        x = build(token)
         built = time.perf_counter() - start
         mx.eval(x)
         return built
@@ -90,12 +96,19 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     before = mx.get_active_memory()
     mx.reset_peak_memory()
     start = time.perf_counter()
-    building = sum(step(token) for token in tokens[1:])
-    return (
-        (time.perf_counter() - start) / steps,
-        building / steps,
-        mx.get_peak_memory() - before,
-    )
+    building = sum(step(token) for token in tokens[1 : steps + 1])
+    seconds = (time.perf_counter() - start) / steps
+    start = time.perf_counter()
+    running = None
+    for token in tokens[steps + 1 :]:
+        queued = build(token)
+        mx.async_eval(queued)
+        if running is not None:
+            mx.eval(running)
+        running = queued
+    mx.eval(running)
+    pipelined = (time.perf_counter() - start) / steps
+    return seconds, building / steps, pipelined, mx.get_peak_memory() - before
 
 
 def host_profile(caches, args, steps=32):
@@ -189,6 +202,14 @@ def main():
     )
     parser.add_argument("--chunk", type=int, default=2048)
     parser.add_argument(
+        "--prefill-blocks",
+        nargs="*",
+        default=[],
+        metavar="SCORES:TOKENS:ROWS",
+        help="prefill block settings to compare, as log2 of PREFILL_BLOCK_SCORES, "
+        "PREFILL_BLOCK_TOKENS, log2 of PREFILL_QUERY_ROWS (default: the library's)",
+    )
+    parser.add_argument(
         "--blocks",
         type=int,
         nargs="*",
@@ -231,13 +252,14 @@ def main():
         emit(f"Decode ({args.steps} steps after a warm-up)")
         emit()
         emit(
-            "| cache | context | block | ms/step | speed vs fp16 | host ms/step | cache MiB | "
+            "| cache | context | block | ms/step | speed vs fp16 | host ms/step | "
+            "pipelined ms/step | pipelined vs fp16 | cache MiB | "
             "peak MiB above caches | peak / cache |"
         )
-        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     for context in args.contexts:
-        fp16_seconds = None
+        fp16_seconds = fp16_pipelined = None
         runs = [("fp16", None)] + [
             (s, b) for s in schemes for b in (args.blocks or [default_block])
         ]
@@ -247,16 +269,18 @@ def main():
             caches = filled_caches(
                 make, args.layers, context, args.kv_heads, args.head_dim
             )
-            seconds, host, peak = decode_steps(
+            seconds, host, pipelined, peak = decode_steps(
                 caches, args.steps, args.q_heads, args.kv_heads, args.head_dim
             )
             if args.profile and context == args.contexts[-1]:
                 profiles.append((name, host_profile(caches, args)))
             size = cache_bytes(caches)
             fp16_seconds = fp16_seconds or seconds
+            fp16_pipelined = fp16_pipelined or pipelined
             emit(
                 f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
-                f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |"
+                f"{host * 1e3:.2f} | {pipelined * 1e3:.2f} | {fp16_pipelined / pipelined:.2f}x | "
+                f"{size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x |"
             )
             del caches
     attention.DECODE_BLOCK_TOKENS = default_block
@@ -274,11 +298,30 @@ def main():
         emit(f"Prefill of {args.prefill} tokens in {args.chunk}-token chunks")
         emit()
         emit(
-            "| cache | seconds | peak MiB (caches included) | peak vs fp16 | cache MiB at the end |"
+            "| cache | block scores : tokens : query rows | seconds | speed vs fp16 | "
+            "peak MiB (caches included) | peak vs fp16 | cache MiB at the end |"
         )
-        emit("|---|---:|---:|---:|---:|")
-        fp16_peak = None
-        for name in ["fp16", *schemes]:
+        emit("|---|---|---:|---:|---:|---:|---:|")
+        library = tuple(
+            getattr(attention, n)
+            for n in (
+                "PREFILL_BLOCK_SCORES",
+                "PREFILL_BLOCK_TOKENS",
+                "PREFILL_QUERY_ROWS",
+            )
+        )
+        settings = [
+            (1 << int(a), int(b), 1 << int(c))
+            for a, b, c in (spec.split(":") for spec in args.prefill_blocks)
+        ] or [library]
+        fp16_seconds = fp16_peak = None
+        runs = [("fp16", library)] + [(n, b) for n in schemes for b in settings]
+        for name, blocks in runs:
+            (
+                attention.PREFILL_BLOCK_SCORES,
+                attention.PREFILL_BLOCK_TOKENS,
+                attention.PREFILL_QUERY_ROWS,
+            ) = blocks
             make = cache_maker(name)
             seconds, peak, size = prefill(
                 make,
@@ -289,10 +332,17 @@ def main():
                 args.kv_heads,
                 args.head_dim,
             )
-            fp16_peak = fp16_peak or peak
+            fp16_seconds, fp16_peak = fp16_seconds or seconds, fp16_peak or peak
             emit(
-                f"| {name} | {seconds:.1f} | {peak / 2**20:.1f} | {peak / fp16_peak:.2f}x | {size / 2**20:.1f} |"
+                f"| {name} | {':'.join(map(str, blocks)) if name != 'fp16' else '-'} | "
+                f"{seconds:.1f} | {fp16_seconds / seconds:.2f}x | {peak / 2**20:.1f} | "
+                f"{peak / fp16_peak:.2f}x | {size / 2**20:.1f} |"
             )
+        (
+            attention.PREFILL_BLOCK_SCORES,
+            attention.PREFILL_BLOCK_TOKENS,
+            attention.PREFILL_QUERY_ROWS,
+        ) = library
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -75,7 +75,7 @@ def main():
         return filled_caches(make, 8, context, SHAPE["kv_heads"], SHAPE["head_dim"])  # noqa: E731
 
     for context in args.contexts:
-        fp16_step, _, _ = decode_steps(fill(KVCache), args.steps, **SHAPE)
+        fp16_step, *_ = decode_steps(fill(KVCache), args.steps, **SHAPE)
         fp16_attention = attention_alone(fill(KVCache), args.steps, turbo=False)
         print(
             f"| {context} | fp16 | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
@@ -86,7 +86,7 @@ def main():
             for target in args.targets:
                 decode_attention.WARPS, decode_attention.TARGET_BLOCKS = warps, target
                 decode_attention.MIN_SLICE_TOKENS = 32 * warps
-                step, _, _ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
+                step, *_ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
                 attention = attention_alone(fill(make_turbo), args.steps, turbo=True)
                 print(
                     f"| {context} | {args.scheme} | {warps} | {target} | {step * 1e3:.2f} | "

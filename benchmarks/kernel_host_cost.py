@@ -1,7 +1,8 @@
 """Host time of building one fused decode-attention call (graph construction only,
 nothing evaluated), against MLX's own attention op, and with the kernel source as
 written (comments, indentation) instead of the stripped one ``kernels.dispatch.source``
-hands MLX. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
+hands MLX, and a whole decode layer (cache update + attention) against mlx-lm's
+KVCache. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
 ``mx.fast.cuda_kernel`` call alone with the same arguments, and a kernel of an empty
 body with as many inputs and template values, or with one of each.
 
@@ -11,6 +12,8 @@ body with as many inputs and template values, or with one of each.
 import time
 
 import mlx.core as mx
+from mlx_lm.models import base as mlx_base
+from mlx_lm.models.cache import KVCache
 
 import mlx_lm_turbo.kernels.decode_attention as decode_attention
 from mlx_lm_turbo import TurboQuantKVCache
@@ -19,6 +22,7 @@ from mlx_lm_turbo.kernels.dispatch import _SOURCES, source
 
 
 def per_call(label, fn, calls=3000):
+    """Host microseconds per call of ``fn`` (graph construction; nothing evaluated)."""
     for _ in range(50):
         fn()
     start = time.perf_counter()
@@ -53,6 +57,18 @@ def main():
     per_call(
         f"fused decode attention, stripped source ({sum(sizes.values())} chars)", fused
     )
+    token = kv[:, :, :1]
+    fp16 = KVCache()
+    fp16.update_and_fetch(kv, kv)
+    for label, layer_cache in (("fp16 KVCache", fp16), ("turbo4", cache)):
+
+        def layer(c=layer_cache):
+            keys, values = c.update_and_fetch(token, token)
+            return mlx_base.scaled_dot_product_attention(
+                query, keys, values, cache=c, scale=0.1, mask=None
+            )
+
+        per_call(f"a decode layer, {label}: cache update + attention", layer, 500)
     written = {n: (_SOURCES / n).read_text() for n in sizes}
     decode_attention._kernel.cache_clear()
     decode_attention.source = written.__getitem__

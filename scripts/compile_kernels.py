@@ -65,6 +65,8 @@ def wrap(name, body, header, inputs, outputs, template):
 
 
 def attention_variants():
+    from mlx_lm_turbo.kernels.decode_attention import flags, template
+
     for dtype, D, (G, L), (KB, VB), mask in itertools.product(
         ("float16", "bfloat16", "float32"),
         (64, 128, 256),
@@ -73,28 +75,9 @@ def attention_variants():
         (0, 1, 2),
     ):
         R = min(G * L, 1024 // D)
-        yield (
-            dtype,
-            [
-                ("T", dtype),
-                ("MT", "bool"),
-                ("D", D),
-                ("G", G),
-                ("L", L),
-                ("R", R),
-                ("KB", KB),
-                ("VB", VB),
-                ("NW", 4),
-                ("MASK_KIND", mask),
-                ("MASK_BOOL", True),
-                ("HAS_KSCALE", D == 128),
-                ("HAS_TAIL", True),
-                ("HAS_SINK_TOKENS", G == 4),
-                ("MAX_SINKS", 64),
-                ("WINDOW", 0 if L == 1 else 1),
-                ("HAS_SINKS", D == 64),
-            ],
-        )
+        flag_bits = flags(mask, True, D == 128, True, G == 4, D == 64)
+        window = 0 if L == 1 else 1
+        yield dtype, template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits)
 
 
 def main():
@@ -110,7 +93,7 @@ def main():
         help="compile these attention variants only (54: the decode benchmark's)",
     )
     args = parser.parse_args()
-    from mlx_lm_turbo.kernels.decode_attention import INPUTS
+    from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source
 
     header = source("common.cuh")
@@ -137,12 +120,12 @@ def main():
             "tail_values": dtype,
             "mask": "bool",
         }
-        inputs = [(n, types.get(n, "float32")) for n in INPUTS]
+        inputs = [(n, types.get(n, "float32")) for n in decode_attention.INPUTS]
         units.append(
             wrap(
                 "attention",
                 attention_body,
-                header,
+                decode_attention.HEADER_CONSTANTS + header,
                 inputs,
                 [("out", dtype), ("work", "float32")],
                 template,
@@ -158,35 +141,15 @@ def main():
         if args.variants is None
         else []
     ):
+        types = {"keys": dtype, "values": dtype}
         units.append(
             wrap(
                 "encode",
                 encode_body,
                 header,
-                [("keys", dtype), ("values", dtype)]
-                + [
-                    (n, "float32")
-                    for n in (
-                        "key_mean",
-                        "key_scale",
-                        "k_signs",
-                        "v_signs",
-                        "k_bounds",
-                        "k_levels",
-                        "v_bounds",
-                        "v_levels",
-                    )
-                ],
+                [(n, types.get(n, "float32")) for n in encode.INPUTS],
                 [("rows", "uint32"), ("exact_keys", dtype), ("exact_values", dtype)],
-                [
-                    ("T", dtype),
-                    ("D", D),
-                    ("KB", KB),
-                    ("VB", VB),
-                    ("NW", 4),
-                    ("CENTER", True),
-                    ("SCALE", D == 64),
-                ],
+                encode.template(dtype, D, KB, VB, True, D == 64),
             )
         )
     failed = 0

@@ -34,6 +34,7 @@ _COMPUTE_DTYPE = mx.float32
 # --blocks; benchmarks/results/decode_block_sweep_cpu.md).
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << 21
+PREFILL_BLOCK_TOKENS = 512  # the most keys a prefill block reads, whatever fits
 # Query rows (batch x query heads x queries) one pass over the history accumulates:
 # its float32 running output, query and merge temporaries are each 8 MiB at head_dim
 # 128. A longer chunk goes in slices of queries, each reading the history again (the
@@ -61,7 +62,8 @@ def turbo_scaled_dot_product_attention(
 def block_tokens(n_rows, n_queries):
     """Keys per block for ``n_rows`` (batch x query heads) of ``n_queries`` queries each."""
     fit = PREFILL_BLOCK_SCORES // max(n_rows * n_queries, 1)
-    return max(_MIN_BLOCK_TOKENS, min(DECODE_BLOCK_TOKENS, fit))
+    most = PREFILL_BLOCK_TOKENS if n_queries > 1 else DECODE_BLOCK_TOKENS
+    return max(_MIN_BLOCK_TOKENS, min(most, fit))
 
 
 def _mask_block(mask, query_positions, key_start, key_end, n_kv_heads):

@@ -69,26 +69,40 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)
 
 
+# A call's host cost grows with its inputs and template values
+# (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
+# input, the variant's yes/no choices as one template value.
 INPUTS = (
     "q",
+    "consts",
     "kscale",
-    "k_signs",
     "keys",
     "rows",
-    "k_levels_in",
-    "v_levels_in",
     "sink_keys",
     "sink_values",
     "sink_pos",
     "tail_keys",
     "tail_values",
     "mask",
-    "scale",
-    "v_signs",
     "sink_logits",
     "counters",
     "previous",
 )
+HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
+
+
+def flags(mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits):
+    """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
+    0-1, then whether the mask is bool, the keys have a calibration scale, an exact
+    tail, sink tokens, attention-sink logits (the kernel's MASK_KIND ... HAS_SINKS)."""
+    return (
+        mask_kind
+        | mask_bool << 2
+        | kscale << 3
+        | tail << 4
+        | sink_tokens << 5
+        | sink_logits << 6
+    )
 
 
 @lru_cache(maxsize=None)
@@ -98,7 +112,7 @@ def _kernel():
         input_names=list(INPUTS),
         output_names=["out", "work"],
         source=source("decode_attention.cu"),
-        header=source("common.cuh"),
+        header=HEADER_CONSTANTS + source("common.cuh"),
         ensure_row_contiguous=False,
     )
 
@@ -115,25 +129,40 @@ def _slices(n_tokens, blocks_per_slice):
     )
 
 
-# Per codec (one per cache layer): the group counters its calls share, and its last
-# call's output. Each call takes that output as an input (unread): MLX then orders
-# the calls, which could otherwise overlap on the GPU and share counters.
-_LAYER_CALLS = weakref.WeakKeyDictionary()
+class _Layer:
+    """What one cache layer's calls share: its constants input (built once per codec and
+    scale), its group counters, and its last call's output. Each call takes that output
+    as an input (unread): MLX then orders the calls, which could otherwise overlap on
+    the GPU and share counters."""
+
+    def __init__(self, dtype):
+        self.scale = self.consts = self.counters = None
+        self.previous = placeholder(dtype)
+
+    def constants(self, codec, scale):
+        if self.scale != scale:
+            D = codec.value_dim
+            key_bits = codec.scheme.key_bits
+            parts = [
+                codec.key_rotation.signs if key_bits else mx.zeros((D,), mx.float32),
+                codec.value_rotation.signs,
+                *([codebook(D, key_bits)] if key_bits else []),
+                codebook(D, codec.scheme.value_bits),
+                mx.array([scale], mx.float32),
+            ]
+            self.consts = mx.concatenate(parts)
+            mx.eval(self.consts)
+            self.scale = scale
+        return self.consts
+
+    def zeroed_counters(self, groups):
+        if self.counters is None or self.counters.size < groups:
+            self.counters = mx.zeros((groups,), mx.uint32)
+            mx.eval(self.counters)  # before any call, so no launch fills it
+        return self.counters
 
 
-def _counters_and_previous(codec, groups, dtype):
-    """(zeroed group counters for this layer's calls, its last call's output)."""
-    counters, previous = _LAYER_CALLS.get(codec, (None, placeholder(dtype)))
-    if counters is None or counters.size < groups:
-        counters = mx.zeros((groups,), mx.uint32)
-        mx.eval(counters)  # before any call, so no launch fills it
-    return counters, previous
-
-
-@lru_cache(maxsize=None)
-def _scalar(value):
-    """A float32 scalar input, made once per value (an upload per call costs time)."""
-    return mx.array([value], mx.float32)
+_LAYERS = weakref.WeakKeyDictionary()  # codec -> _Layer
 
 
 def _mask_input(mask, shape):
@@ -153,13 +182,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     G = n_q_heads // H
     dtype = queries.dtype
     *stored_keys, rows = kv.stored  # keys stored as they are (turbo0vN), then the rows
-    if codec.scheme.key_bits:
-        stored_keys = placeholder(dtype)
-        k_levels = codebook(D, codec.scheme.key_bits)
-        k_signs = codec.key_rotation.signs
-    else:
-        (stored_keys,) = stored_keys
-        k_levels, k_signs = placeholder(mx.float32), placeholder(mx.float32)
+    stored_keys = stored_keys[0] if stored_keys else placeholder(dtype)
     n_tokens = rows.shape[2]
 
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
@@ -200,52 +223,72 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
             logits = logits - shift[..., 0]
         sink_logits = mx.contiguous(logits * math.log2(math.e))
     groups = B * H * row_groups
-    counters, previous = _counters_and_previous(codec, groups, dtype)
+    layer = _LAYERS.get(codec)
+    if layer is None:
+        layer = _LAYERS[codec] = _Layer(dtype)
     out, _ = _kernel()(
         inputs=[
             queries,
+            layer.constants(codec, scale),
             kscale,
-            k_signs,
             stored_keys,
             rows,
-            k_levels,
-            codebook(D, codec.scheme.value_bits),
             sink_keys,
             sink_values,
             sink_pos,
             tail_keys,
             tail_values,
             mask_arg,
-            _scalar(scale),
-            codec.value_rotation.signs,
             sink_logits,
-            counters,
-            previous,
+            layer.zeroed_counters(groups),
+            layer.previous,
         ],
-        template=[
-            ("T", dtype),
-            ("MT", mask_arg.dtype),
-            ("D", D),
-            ("G", G),
-            ("L", L),
-            ("R", query_rows),
-            ("KB", codec.scheme.key_bits),
-            ("VB", codec.scheme.value_bits),
-            ("NW", WARPS),
-            ("MASK_KIND", mask_kind),
-            ("MASK_BOOL", mask_arg.dtype == mx.bool_),
-            ("HAS_KSCALE", codec.key_scale is not None),
-            ("HAS_TAIL", n_exact > 0),
-            ("HAS_SINK_TOKENS", n_sinks > 0),
-            ("MAX_SINKS", MAX_SINKS),
-            ("WINDOW", window),
-            ("HAS_SINKS", sinks is not None),
-        ],
+        template=template(
+            dtype,
+            mask_arg.dtype,
+            D,
+            G,
+            L,
+            query_rows,
+            codec.scheme.key_bits,
+            codec.scheme.value_bits,
+            WARPS,
+            window,
+            flags(
+                mask_kind,
+                mask_arg.dtype == mx.bool_,
+                codec.key_scale is not None,
+                n_exact > 0,
+                n_sinks > 0,
+                sinks is not None,
+            ),
+        ),
         grid=(n_parts * 32 * WARPS, groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
         # each group's parts (query rows x D) and their (max, sum)
         output_shapes=[queries.shape, (groups * n_parts * query_rows * (D + 2),)],
         output_dtypes=[dtype, mx.float32],
     )
-    _LAYER_CALLS[codec] = (counters, out)
+    layer.previous = out
     return out
+
+
+@lru_cache(maxsize=None)
+def template(
+    dtype, mask_dtype, D, G, L, R, key_bits, value_bits, warps, window, flag_bits
+):
+    """A variant's template values (one list per variant, built once; the warps per
+    block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies them)."""
+    return [
+        ("T", dtype),
+        ("MT", mask_dtype),
+        ("D", D),
+        ("G", G),
+        ("L", L),
+        ("R", R),
+        ("KB", key_bits),
+        ("VB", value_bits),
+        ("NW", warps),
+        ("WINDOW", window),
+        ("FLAGS", flag_bits),
+    ]

@@ -3,7 +3,15 @@
 // value codes, a word of both fp16 norms), and keep their exact rotated copies.
 // Lane j holds dims [j * DPL, (j + 1) * DPL). Template constants: T, D, KB, VB, NW,
 // CENTER, SCALE (the key calibration's statistics present).
+// `consts` holds the key signs (D), value signs (D), key boundaries and levels (2^KB - 1
+// and 2^KB where KB > 0), value boundaries and levels (2^VB - 1, 2^VB).
 using namespace turbo;
+const float* k_signs = consts;
+const float* v_signs = consts + D;
+const float* k_bounds = consts + 2 * D;
+const float* k_levels = k_bounds + (KB > 0 ? (1 << KB) - 1 : 0);
+const float* v_bounds = k_levels + (KB > 0 ? 1 << KB : 0);
+const float* v_levels = v_bounds + (1 << VB) - 1;
 constexpr int DPL = D / 32;
 constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, W = KW + VW + 1;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -9,6 +9,7 @@ order), so a coordinate that falls within float error of a codebook boundary
 can take the neighbouring code: tests bound how often.
 """
 
+import weakref
 from functools import lru_cache
 
 import mlx.core as mx
@@ -17,29 +18,62 @@ from ..codec.codebooks import boundaries, codebook
 from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
 WARPS = 4
+# The codec's constants come as one input (a call's host cost grows with its inputs).
+INPUTS = ("keys", "values", "key_mean", "key_scale", "consts")
 
 
 @lru_cache(maxsize=None)
 def _kernel():
     return mx.fast.cuda_kernel(
         name="turbo_encode",
-        input_names=[
-            "keys",
-            "values",
-            "key_mean",
-            "key_scale",
-            "k_signs",
-            "v_signs",
-            "k_bounds",
-            "k_levels",
-            "v_bounds",
-            "v_levels",
-        ],
+        input_names=list(INPUTS),
         output_names=["rows", "exact_keys", "exact_values"],
         source=source("encode.cu"),
         header=source("common.cuh"),
         ensure_row_contiguous=False,
     )
+
+
+_CONSTANTS = weakref.WeakKeyDictionary()  # codec -> its constants input
+
+
+def _constants(codec):
+    """Key signs, value signs, key boundaries and levels, value boundaries and levels:
+    one float32 array per codec, built once."""
+    consts = _CONSTANTS.get(codec)
+    if consts is None:
+        D = codec.value_dim
+        key_bits, value_bits = codec.scheme.key_bits, codec.scheme.value_bits
+        key_signs = codec.key_rotation.signs if key_bits else mx.zeros((D,), mx.float32)
+        key_tables = (
+            [boundaries(D, key_bits), codebook(D, key_bits)] if key_bits else []
+        )
+        consts = mx.concatenate(
+            [
+                key_signs,
+                codec.value_rotation.signs,
+                *key_tables,
+                boundaries(D, value_bits),
+                codebook(D, value_bits),
+            ]
+        )
+        mx.eval(consts)
+        _CONSTANTS[codec] = consts
+    return consts
+
+
+@lru_cache(maxsize=None)
+def template(dtype, D, key_bits, value_bits, center, scale):
+    """A variant's template values (one list per variant, built once)."""
+    return [
+        ("T", dtype),
+        ("D", D),
+        ("KB", key_bits),
+        ("VB", value_bits),
+        ("NW", WARPS),
+        ("CENTER", center),
+        ("SCALE", scale),
+    ]
 
 
 def fused_encode(codec, keys, values):
@@ -54,33 +88,17 @@ def fused_encode(codec, keys, values):
     def statistic(stat):
         return placeholder(mx.float32) if stat is None else broadcast_rows(stat, B)
 
-    k_bounds, k_levels, k_signs = (
-        (boundaries(D, kb), codebook(D, kb), codec.key_rotation.signs)
-        if kb
-        else (placeholder(mx.float32),) * 3
-    )
     rows, exact_keys, exact_values = _kernel()(
         inputs=[
             keys,
             values,
             statistic(codec.key_mean),
             statistic(codec.key_scale),
-            k_signs,
-            codec.value_rotation.signs,
-            k_bounds,
-            k_levels,
-            boundaries(D, vb),
-            codebook(D, vb),
+            _constants(codec),
         ],
-        template=[
-            ("T", dtype),
-            ("D", D),
-            ("KB", kb),
-            ("VB", vb),
-            ("NW", WARPS),
-            ("CENTER", codec.key_mean is not None),
-            ("SCALE", codec.key_scale is not None),
-        ],
+        template=template(
+            dtype, D, kb, vb, codec.key_mean is not None, codec.key_scale is not None
+        ),
         grid=(-(-n // WARPS) * WARPS * 32, 1, 1),
         threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[

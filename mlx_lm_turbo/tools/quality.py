@@ -34,9 +34,13 @@ def teacher_forced_logprobs(
     if after_prefill is not None:
         cache = after_prefill(cache)
     steps = [logits]
+    # As mlx_lm.generate runs decode: the next step's graph is built and queued while
+    # this one runs, one step ahead.
     for i in range(prefill, tokens.size - 1):
         steps.append(model(tokens[None, i : i + 1], cache=cache))
-        mx.eval(steps[-1])
+        mx.async_eval(steps[-1])
+        mx.eval(steps[-2])
+    mx.eval(steps[-1])
     if timings is not None:
         timings["prefill_seconds"] = prefill_done - start
         timings["decode_seconds"] = time.perf_counter() - prefill_done
