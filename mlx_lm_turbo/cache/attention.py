@@ -22,6 +22,7 @@ import mlx.core as mx
 from ..codec.codec import dequantize_rotated, split_rows
 from ..compat import check_mlx_lm_version
 from ..kernels import fused_decode_attention
+from ..kernels.dispatch import gpu_backend
 from .view import TurboKV
 
 # Scores and softmax run in float32: exact enough for every model dtype, and on
@@ -31,9 +32,12 @@ _COMPUTE_DTYPE = mx.float32
 # float32) a block may hold during prefill. Peak memory grows with the block (decode:
 # ~50 KiB a token at 8 KV heads of 128 dims; a 1K-query chunk: 640 MiB at 2^24 score
 # elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
-# --blocks; benchmarks/results/decode_block_sweep_cpu.md).
+# --blocks; benchmarks/results/decode_block_sweep_cpu.md). On MLX-CUDA each small op
+# costs tens of microseconds on the host, so a prefill block holds 4x as many scores:
+# 4.4x faster there at 8K, peak memory still below fp16's
+# (benchmarks/results/decode_kernel_h200_c8a18b8.md, --prefill-blocks).
 DECODE_BLOCK_TOKENS = 512
-PREFILL_BLOCK_SCORES = 1 << 21
+PREFILL_BLOCK_SCORES = 1 << (23 if gpu_backend() == "cuda" else 21)
 PREFILL_BLOCK_TOKENS = 512  # the most keys a prefill block reads, whatever fits
 # Query rows (batch x query heads x queries) one pass over the history accumulates:
 # its float32 running output, query and merge temporaries are each 8 MiB at head_dim
