@@ -277,29 +277,35 @@ class _TurboCache:
         values: the recent tokens before these, then these, in the attention domain)."""
         self._keep_sinks(keys, values, start)
         self._calibrate()
-        stored, exact_keys, exact_values = encode(self.codec, keys, values)
-        return (stored, *self._with_recent(keys, values, exact_keys, exact_values))
+        n = keys.shape[2]
+        # The recent tokens are encoded again with these: one launch gives their exact
+        # copies in the current codec's domain; only these tokens' rows are stored.
+        led_keys, led_values = self._led_by_recent(keys, values)
+        stored, exact_keys, exact_values = encode(self.codec, led_keys, led_values)
+        if led_keys.shape[2] > n:
+            stored = tuple(a[:, :, -n:] for a in stored)
+        return stored, exact_keys, exact_values
 
-    def _with_recent(self, keys, values, exact_keys, exact_values):
-        """These tokens' exact keys and values led by the recent tokens kept before them
-        (converted by the current codec); keep the last recent_exact - 1 of them all."""
+    def _led_by_recent(self, keys, values):
+        """These tokens led by the recent tokens kept before them, as the model gave
+        them; keep the last recent_exact - 1 of them all."""
         keep = self.recent_exact - 1
         if not keep:
-            return exact_keys, exact_values
+            return keys, values
         if self.recent is not None:
-            exact_keys, exact_values = (
-                mx.concatenate([r, a], axis=2)
-                for r, a in zip(
-                    self.codec.exact(*self.recent), (exact_keys, exact_values)
-                )
-            )
             keys, values = (
                 mx.concatenate([r, a], axis=2)
                 for r, a in zip(self.recent, (keys, values))
             )
-        # Copies: a slice would keep the whole chunk's K/V alive with it.
-        self.recent = tuple(mx.contiguous(a[:, :, -keep:]) for a in (keys, values))
-        return exact_keys, exact_values
+        # A view where the array holds a decode step's few more tokens; a copy where it
+        # holds a chunk (a view would keep the whole chunk's K/V alive with it).
+        self.recent = tuple(
+            a[:, :, -keep:]
+            if a.shape[2] <= 2 * keep
+            else mx.contiguous(a[:, :, -keep:])
+            for a in (keys, values)
+        )
+        return keys, values
 
     def _sink_count(self):
         return 0 if self.sinks is None else self.sinks[0].shape[2]
