@@ -27,6 +27,7 @@ from .cache import (
     _check_keys_values,
     check_recent_exact,
     encode,
+    last_tokens,
     new_codec,
 )
 from .view import TurboKV
@@ -97,29 +98,23 @@ class _BatchStatistics:
         self.recent_exact = check_recent_exact(recent_exact)
         self.recent = None
 
-    def _with_recent(self, keys, values, exact_keys, exact_values, width, extra=0):
-        """These tokens' exact keys and values led by the recent ones kept before them
-        (at most ``width`` tokens before them in all); keep the last recent_exact - 1
-        (and ``extra`` more, right padding a finalize rolls away)."""
+    def _led_by_recent(self, keys, values, width, extra=0):
+        """These tokens led by the recent ones kept before them (at most ``width``
+        tokens before them in all), to be encoded again with them for their exact
+        copies; keep the last recent_exact - 1 (and ``extra`` more, right padding a
+        finalize rolls away)."""
         keep = self.recent_exact - 1
         if not keep:
-            return exact_keys, exact_values
+            return keys, values
         if self.recent is not None:
             recent = tuple(a[:, :, max(a.shape[2] - width, 0) :] for a in self.recent)
             if recent[0].shape[2]:
-                exact_keys, exact_values = (
+                keys, values = (
                     mx.concatenate([r, a], axis=2)
-                    for r, a in zip(
-                        self.codec.exact(*recent), (exact_keys, exact_values)
-                    )
+                    for r, a in zip(recent, (keys, values))
                 )
-            keys, values = (
-                mx.concatenate([r, a], axis=2) for r, a in zip(recent, (keys, values))
-            )
-        self.recent = tuple(
-            mx.contiguous(a[:, :, -(keep + extra) :]) for a in (keys, values)
-        )
-        return exact_keys, exact_values
+        self.recent = last_tokens((keys, values), keep + extra)
+        return keys, values
 
     def _joined_recent(self, caches, rows, width):
         """The caches' recent copies right-aligned in ``width`` slots (zeros before a
@@ -416,13 +411,12 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         self._ensure_codec(keys, values)
         self._keep_sinks(keys, values)
         self._calibrate_rows()
-        stored, exact_keys, exact_values = encode(self.codec, keys, values)
         prev, n = self._idx, keys.shape[2]
         extra = 0  # the right padding a finalize rolls away (a sync, only if needed)
         if self._right_padding is not None and self.recent_exact > 1:
             extra = max(self._right_padding.tolist())
-        exact_keys, exact_values = self._with_recent(
-            keys, values, exact_keys, exact_values, prev, extra
+        stored, exact_keys, exact_values = encode(
+            self.codec, *self._led_by_recent(keys, values, prev, extra), new_tokens=n
         )
         if self.stored is None or prev + n > self.stored[0].shape[2]:
             grown = TurboQuantKVCache._empty_like(
@@ -779,25 +773,23 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             real = [1] * len(seen)
         self._keep_sinks(keys, values, seen)
         self._calibrate_rows()
-        stored, exact_keys, exact_values = encode(self.codec, keys, values)
-        packed = _pack_pair(self.codec, stored)
+        # The ring keeps max_size - 1 tokens before the chunk: recent ones beyond are
+        # out of every query's window. Single steps: every row's ring holds a token of
+        # the same age in the same slot, its recent tokens before the new one, wrapping.
+        history = min(self._temporal_width(), self.max_size - 1)
+        extra = 0
         if temporal:
             self._roll_recent()
-            # The ring keeps max_size - 1 tokens before the chunk: recent ones beyond
-            # are out of every query's window.
-            history = min(self._temporal_width(), self.max_size - 1)
             extra = 0 if self._lengths is None else n
-            exact_keys, exact_values = self._with_recent(
-                keys, values, exact_keys, exact_values, history, extra
-            )
+        stored, exact_keys, exact_values = encode(
+            self.codec,
+            *self._led_by_recent(keys, values, history, extra),
+            new_tokens=n,
+        )
+        packed = _pack_pair(self.codec, stored)
+        if temporal:
             ring = BatchRotatingKVCache._update_concat(self, *packed)
         else:
-            # Every row's ring holds a token of the same age in the same slot: its
-            # recent tokens sit before the new one, wrapping in the ring.
-            history = min(self._temporal_width(), self.max_size - 1)
-            exact_keys, exact_values = self._with_recent(
-                keys, values, exact_keys, exact_values, history
-            )
             ring = BatchRotatingKVCache._update_in_place(self, *packed)
         ring = _unpack_pair(self.codec, *ring)
         self.row_tokens = [a + b for a, b in zip(seen, real)]

@@ -120,11 +120,29 @@ def new_codec(cache, keys, values):
     )
 
 
-def encode(codec, keys, values):
+def encode(codec, keys, values, new_tokens=None):
     """``codec.encode(keys, values)``, by the fused kernel where it runs (one launch
-    instead of some twenty small ops, each costing tens of microseconds on a GPU)."""
+    instead of some twenty small ops, each costing tens of microseconds on a GPU).
+    With ``new_tokens``, the stored arrays of the last that many tokens only: the ones
+    before them (a recent window led in) are encoded for their exact copies alone,
+    which a launch makes with the new tokens' instead of a conversion of their own."""
     fused = fused_encode(codec, keys, values)
-    return fused if fused is not None else codec.encode(keys, values)
+    stored, exact_keys, exact_values = (
+        fused if fused is not None else codec.encode(keys, values)
+    )
+    if new_tokens is not None and new_tokens < keys.shape[2]:
+        stored = tuple(a[:, :, -new_tokens:] for a in stored)
+    return stored, exact_keys, exact_values
+
+
+def last_tokens(arrays, n):
+    """The last ``n`` tokens of each array: a view where the array holds few more (a
+    decode step's), a copy where it holds a chunk (a view would keep the whole chunk's
+    K/V alive with it)."""
+    return tuple(
+        a[:, :, -n:] if a.shape[2] <= 2 * n else mx.contiguous(a[:, :, -n:])
+        for a in arrays
+    )
 
 
 def check_recent_exact(recent_exact):
@@ -277,18 +295,14 @@ class _TurboCache:
         values: the recent tokens before these, then these, in the attention domain)."""
         self._keep_sinks(keys, values, start)
         self._calibrate()
-        n = keys.shape[2]
-        # The recent tokens are encoded again with these: one launch gives their exact
-        # copies in the current codec's domain; only these tokens' rows are stored.
-        led_keys, led_values = self._led_by_recent(keys, values)
-        stored, exact_keys, exact_values = encode(self.codec, led_keys, led_values)
-        if led_keys.shape[2] > n:
-            stored = tuple(a[:, :, -n:] for a in stored)
-        return stored, exact_keys, exact_values
+        return encode(
+            self.codec, *self._led_by_recent(keys, values), new_tokens=keys.shape[2]
+        )
 
     def _led_by_recent(self, keys, values):
         """These tokens led by the recent tokens kept before them, as the model gave
-        them; keep the last recent_exact - 1 of them all."""
+        them (encoded again with these for their exact copies in the current codec's
+        domain); keep the last recent_exact - 1 of them all."""
         keep = self.recent_exact - 1
         if not keep:
             return keys, values
@@ -297,14 +311,7 @@ class _TurboCache:
                 mx.concatenate([r, a], axis=2)
                 for r, a in zip(self.recent, (keys, values))
             )
-        # A view where the array holds a decode step's few more tokens; a copy where it
-        # holds a chunk (a view would keep the whole chunk's K/V alive with it).
-        self.recent = tuple(
-            a[:, :, -keep:]
-            if a.shape[2] <= 2 * keep
-            else mx.contiguous(a[:, :, -keep:])
-            for a in (keys, values)
-        )
+        self.recent = last_tokens((keys, values), keep)
         return keys, values
 
     def _sink_count(self):
