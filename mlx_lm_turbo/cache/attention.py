@@ -34,7 +34,7 @@ _COMPUTE_DTYPE = mx.float32
 # elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
 # --blocks; benchmarks/results/decode_block_sweep_cpu.md). On MLX-CUDA each small op
 # costs tens of microseconds on the host, so a prefill block holds 4x as many scores:
-# 4.4x faster there at 8K, peak memory still below fp16's
+# 2.6x faster there at 16K, peak memory 0.37x of fp16's
 # (benchmarks/results/decode_kernel_h200_c8a18b8.md, --prefill-blocks).
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << (23 if gpu_backend() == "cuda" else 21)
