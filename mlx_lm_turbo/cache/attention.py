@@ -70,12 +70,15 @@ def block_tokens(n_rows, n_queries):
     return max(_MIN_BLOCK_TOKENS, min(most, fit))
 
 
-def _mask_block(mask, query_positions, key_start, key_end, n_kv_heads):
-    """The model's mask over keys [key_start, key_end) as (B|1, Hkv|1, G|1, L, t): bool
-    (True = visible), additive (float) or None."""
+def _mask_block(mask, query_positions, first_query, key_start, key_end, n_kv_heads):
+    """The model's mask over keys [key_start, key_end) for the queries at
+    ``query_positions`` (the first at ``first_query``), as (B|1, Hkv|1, G|1, L, t): bool
+    (True = visible), additive (float) or None (every key visible)."""
     if mask is None:
         return None
     if isinstance(mask, str):  # "causal", lower-right aligned
+        if key_end - 1 <= first_query:  # no key after any query: no ops for a block
+            return None
         keys = mx.arange(key_start, key_end)
         return (query_positions[:, None] >= keys[None])[None, None, None]
     block = mask[..., key_start:key_end] if mask.shape[-1] > 1 else mask
@@ -270,7 +273,7 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
         sink = is_sink(start, end)
         scores = _masked(
             state.scores(keys),
-            _mask_block(mask, query_positions, start, end, Hkv),
+            _mask_block(mask, query_positions, first_query, start, end, Hkv),
             None if sink is None else ~sink,
         )
         state.add(scores, values)
@@ -286,7 +289,7 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
         exact_values = kv.new_values[
             :, :, start - history_end : end - history_end
         ].astype(_COMPUTE_DTYPE)
-        block_mask = _mask_block(mask, query_positions, start, end, Hkv)
+        block_mask = _mask_block(mask, query_positions, first_query, start, end, Hkv)
         scores = state.scores(exact_keys)
         if (
             window is None or start > last_query - window
