@@ -54,6 +54,14 @@ def filled_caches(make, layers, context, kv_heads, head_dim):
     return caches
 
 
+# What --prefill-blocks sets, in its order.
+PREFILL_SETTINGS = (
+    "PREFILL_BLOCK_SCORES",
+    "PREFILL_BLOCK_TOKENS",
+    "PREFILL_QUERY_ROWS",
+)
+
+
 def cache_bytes(caches):
     return sum(c.nbytes for c in caches)
 
@@ -312,14 +320,7 @@ def main():
             "peak MiB (caches included) | peak vs fp16 | cache MiB at the end |"
         )
         emit("|---|---|---:|---:|---:|---:|---:|")
-        library = tuple(
-            getattr(attention, n)
-            for n in (
-                "PREFILL_BLOCK_SCORES",
-                "PREFILL_BLOCK_TOKENS",
-                "PREFILL_QUERY_ROWS",
-            )
-        )
+        library = tuple(getattr(attention, n) for n in PREFILL_SETTINGS)
         settings = [
             (1 << int(a), int(b), 1 << int(c))
             for a, b, c in (spec.split(":") for spec in args.prefill_blocks)
@@ -327,11 +328,8 @@ def main():
         fp16_seconds = fp16_peak = None
         runs = [("fp16", library)] + [(n, b) for n in schemes for b in settings]
         for name, blocks in runs:
-            (
-                attention.PREFILL_BLOCK_SCORES,
-                attention.PREFILL_BLOCK_TOKENS,
-                attention.PREFILL_QUERY_ROWS,
-            ) = blocks
+            for setting, value in zip(PREFILL_SETTINGS, blocks):
+                setattr(attention, setting, value)
             make = cache_maker(name)
             seconds, peak, size = prefill(
                 make,
@@ -348,11 +346,8 @@ def main():
                 f"{seconds:.1f} | {fp16_seconds / seconds:.2f}x | {peak / 2**20:.1f} | "
                 f"{peak / fp16_peak:.2f}x | {size / 2**20:.1f} |"
             )
-        (
-            attention.PREFILL_BLOCK_SCORES,
-            attention.PREFILL_BLOCK_TOKENS,
-            attention.PREFILL_QUERY_ROWS,
-        ) = library
+        for setting, value in zip(PREFILL_SETTINGS, library):
+            setattr(attention, setting, value)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

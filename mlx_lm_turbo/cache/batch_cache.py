@@ -27,7 +27,7 @@ from .cache import (
     _check_keys_values,
     check_recent_exact,
     encode,
-    last_tokens,
+    led_by_recent,
     new_codec,
 )
 from .view import TurboKV
@@ -106,14 +106,10 @@ class _BatchStatistics:
         keep = self.recent_exact - 1
         if not keep:
             return keys, values
-        if self.recent is not None:
-            recent = tuple(a[:, :, max(a.shape[2] - width, 0) :] for a in self.recent)
-            if recent[0].shape[2]:
-                keys, values = (
-                    mx.concatenate([r, a], axis=2)
-                    for r, a in zip(recent, (keys, values))
-                )
-        self.recent = last_tokens((keys, values), keep + extra)
+        recent = self.recent
+        if recent is not None:
+            recent = tuple(a[:, :, max(a.shape[2] - width, 0) :] for a in recent)
+        keys, values, self.recent = led_by_recent(recent, keys, values, keep + extra)
         return keys, values
 
     def _joined_recent(self, caches, rows, width):

@@ -135,14 +135,21 @@ def encode(codec, keys, values, new_tokens=None):
     return stored, exact_keys, exact_values
 
 
-def last_tokens(arrays, n):
-    """The last ``n`` tokens of each array: a view where the array holds few more (a
-    decode step's), a copy where it holds a chunk (a view would keep the whole chunk's
-    K/V alive with it)."""
-    return tuple(
-        a[:, :, -n:] if a.shape[2] <= 2 * n else mx.contiguous(a[:, :, -n:])
-        for a in arrays
+def led_by_recent(recent, keys, values, keep):
+    """(keys, values led by the ``recent`` tokens kept before them, the last ``keep``
+    tokens of those to keep for the next chunk). The led chunk is encoded as one: the
+    launch gives the recent tokens' exact copies in the current codec's domain with
+    the chunk's. The kept tokens are a view where the arrays hold few more (a decode
+    step's), a copy where they hold a chunk (a view would keep its K/V alive)."""
+    if recent is not None and recent[0].shape[2]:
+        keys, values = (
+            mx.concatenate([r, a], axis=2) for r, a in zip(recent, (keys, values))
+        )
+    kept = tuple(
+        a[:, :, -keep:] if a.shape[2] <= 2 * keep else mx.contiguous(a[:, :, -keep:])
+        for a in (keys, values)
     )
+    return keys, values, kept
 
 
 def check_recent_exact(recent_exact):
@@ -306,12 +313,7 @@ class _TurboCache:
         keep = self.recent_exact - 1
         if not keep:
             return keys, values
-        if self.recent is not None:
-            keys, values = (
-                mx.concatenate([r, a], axis=2)
-                for r, a in zip(self.recent, (keys, values))
-            )
-        self.recent = last_tokens((keys, values), keep)
+        keys, values, self.recent = led_by_recent(self.recent, keys, values, keep)
         return keys, values
 
     def _sink_count(self):
