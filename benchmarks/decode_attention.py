@@ -62,6 +62,20 @@ PREFILL_SETTINGS = (
 )
 
 
+def prefill_blocks(parser, spec):
+    """--prefill-blocks' SCORES:TOKENS:ROWS (log2, count, log2) as the three settings."""
+    try:
+        scores, tokens, rows = (int(part) for part in spec.split(":"))
+        if not (0 <= scores < 40 and tokens > 0 and 0 <= rows < 40):
+            raise ValueError
+    except ValueError:
+        parser.error(
+            f"--prefill-blocks: {spec!r} is not SCORES:TOKENS:ROWS, e.g. 23:512:14 "
+            "(log2 of the score elements, keys a block, log2 of the query rows)"
+        )
+    return 1 << scores, tokens, 1 << rows
+
+
 def cache_bytes(caches):
     return sum(c.nbytes for c in caches)
 
@@ -248,6 +262,7 @@ def main():
     )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
+    prefill_settings = [prefill_blocks(parser, spec) for spec in args.prefill_blocks]
     schemes = [
         f"{s} W{w}" if w > 1 else s for s in args.schemes for w in args.recent_exact
     ]
@@ -321,10 +336,7 @@ def main():
         )
         emit("|---|---|---:|---:|---:|---:|---:|")
         library = tuple(getattr(attention, n) for n in PREFILL_SETTINGS)
-        settings = [
-            (1 << int(a), int(b), 1 << int(c))
-            for a, b, c in (spec.split(":") for spec in args.prefill_blocks)
-        ] or [library]
+        settings = prefill_settings or [library]
         fp16_seconds = fp16_peak = None
         runs = [("fp16", library)] + [(n, b) for n in schemes for b in settings]
         for name, blocks in runs:
