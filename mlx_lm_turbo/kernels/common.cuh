@@ -24,10 +24,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16(x);
 }
 
+// One redux instruction (sm_80+) on an order-preserving integer image of the float
+// (negative floats' magnitude bits flipped), instead of five shuffles and maxes.
 __device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
-  return x;
+  const int i = __float_as_int(x);
+  int m;
+  asm("redux.sync.max.s32 %0, %1, 0xffffffff;\n" : "=r"(m) : "r"(i >= 0 ? i : i ^ 0x7fffffff));
+  return __int_as_float(m >= 0 ? m : m ^ 0x7fffffff);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -90,11 +93,6 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// Two halves as one f16x2 register, the first in the low half.
-__device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
-  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
 }
 
 // N consecutive floats of shared memory in as few loads as their alignment allows

@@ -42,13 +42,29 @@ constexpr bool KEY_MMA =
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
 constexpr bool VALUE_MMA = HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= 128 && R <= 8;
 constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, words per group
+// A register of A holds the levels of one dim for two tokens: one read of a table of
+// level pairs indexed by both codes. Where each group's bits are whole words (VGW > 0),
+// the k slots' tokens are permuted so that a warp's reads of value words and of packed
+// weights hit distinct banks (rows of an odd word count); pairs of slots are tokens
+// PAIR_DELTA apart.
+constexpr int VGW = GB % 32 == 0 ? GB / 32 : 0;
+constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
+// Key pairs: where a word holds whole pairs (KB = 2, 4), lane t of a token's four reads
+// KEY_LANE_WORDS words of its own and feeds every pair in them to the tensor cores (the
+// query's fragments follow the same order of dims); else PTX's order of dims.
+constexpr bool KEY_WORD_PAIRS = KEY_MMA && 32 % (2 * KBW) == 0;
+constexpr int KEY_PAIRS_PER_WORD = 32 / (2 * KBW);
+constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D / 8 / KEY_PAIRS_PER_WORD : 1;
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
 // buffers where they fit, so the next tile's copy runs while this one is read.
 constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
-constexpr int NBUF = 2 * NW * STAGE_TILE * 4 <= 36 * 1024 ? 2 : 1;
+// The second buffer counts against the 48 KiB of static shared memory with the
+// query rows and the tile's scores and weights, which grow with R.
+constexpr int NBUF =
+    2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) <= 46 * 1024 ? 2 : 1;
 
 // Sizes come with the arrays, so no per-call scalars need uploading.
 constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
@@ -66,10 +82,14 @@ const int first_query = n_tokens - L;  // position of query row i is first_query
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
-// The value levels: fp16 for the tensor cores (VALUE_MMA), else float.
+// The value levels: pairs of fp16 levels for the tensor cores (VALUE_MMA), else float.
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
-__shared__ __half v_levels_h[VALUE_MMA ? 1 << VB : 1];
-__shared__ __align__(16) float weights[NW][32][R];  // a tile's softmax weights x value norms
+__shared__ uint32_t v_pairs[VALUE_MMA ? 1 << (2 * VB) : 1];
+// A tile's softmax weights x value norms: float per token and row (exact tiles, and
+// where values are summed lane by lane), or fp16 pairs of tokens as the compressed
+// tiles' B fragments read them, rows 17 words apart (distinct banks).
+__shared__ __align__(16) float weights[NW][32][R];
+__shared__ uint32_t weight_pairs[VALUE_MMA ? NW : 1][R][17];
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
 // not per token); once every tile is done the same memory merges the warps' outputs.
@@ -98,12 +118,12 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
-for (int j = threadIdx.x; j < (1 << VB); j += THREADS) {
-  if constexpr (VALUE_MMA) {
-    v_levels_h[j] = __float2half(v_levels_in[j]);
-  } else {
-    v_levels[j] = v_levels_in[j];
+if constexpr (VALUE_MMA) {
+  for (int j = threadIdx.x; j < (1 << (2 * VB)); j += THREADS) {
+    v_pairs[j] = pack_half2(v_levels_in[j & ((1 << VB) - 1)], v_levels_in[j >> VB]);
   }
+} else {
+  for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 }
 if constexpr (KEY_MMA) {
   for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
@@ -119,16 +139,26 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 __syncthreads();
 // KEY_MMA: this lane's parts of the query rows as A fragments, one per 16 dims.
 const int frag_group = lane >> 2, frag_t = lane & 3;
+// The pair of key dims (2p, 2p + 1) in lane t's columns 2t, 2t + 1 (half 0) or
+// 2t + 8, 2t + 9 (half 1) of k step ks; A and B agree on it, so any order sums alike.
+auto key_pair = [](int ks, int half, int t) {
+  if constexpr (KEY_WORD_PAIRS) {
+    const int j = 2 * ks + half;
+    return KEY_PAIRS_PER_WORD * (t * KEY_LANE_WORDS + j / KEY_PAIRS_PER_WORD) +
+           j % KEY_PAIRS_PER_WORD;
+  } else {
+    return ks * 8 + 4 * half + t;
+  }
+};
 uint32_t q_frag[KEY_MMA ? D / 16 : 1][4];
 if constexpr (KEY_MMA) {
   // rows group + 8 exist only where R > 8 (head_dim 64)
   auto q_at = [&](int row, int d) { return row < R ? q_t[d * R + row] : 0.0f; };
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    const int d = ks * 16 + 2 * frag_t;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // columns 2t, 2t + 1, then 8 on
-      const int dd = d + 8 * half;
+    for (int half = 0; half < 2; ++half) {
+      const int dd = 2 * key_pair(ks, half, frag_t);
       q_frag[ks][2 * half] = pack_half2(q_at(frag_group, dd), q_at(frag_group, dd + 1));
       q_frag[ks][2 * half + 1] =
           R > 8 ? pack_half2(q_at(frag_group + 8, dd), q_at(frag_group + 8, dd + 1)) : 0u;
@@ -236,15 +266,49 @@ auto stage_tile = [&](uint32_t* stage, int first, int end) {
 };
 // VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out.
 auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
-  const int bit = frag_group * GB, word = bit >> 5, shift = bit & 31;
-  uint32_t in[GW + 1];
+  if constexpr (VGW > 0) {
 #pragma unroll
-  for (int i = 0; i <= GW; ++i) in[i] = word + i < VW ? values[word + i] : 0u;
+    for (int i = 0; i < GW; ++i) out[i] = values[frag_group * GW + i];
+  } else {
+    const int bit = frag_group * GB, word = bit >> 5, shift = bit & 31;
+    uint32_t in[GW + 1];
 #pragma unroll
-  for (int i = 0; i < GW; ++i) out[i] = __funnelshift_r(in[i], in[i + 1], shift);
+    for (int i = 0; i <= GW; ++i) in[i] = word + i < VW ? values[word + i] : 0u;
+#pragma unroll
+    for (int i = 0; i < GW; ++i) out[i] = __funnelshift_r(in[i], in[i + 1], shift);
+  }
 };
-auto value_level = [&](const uint32_t (&bits)[GW], int j) {
-  return v_levels_h[code_at<VB>(bits, j)];
+// The token in lane t's k slot c of a tile's 32 (slots 2t, 2t + 1, 2t + 8, 2t + 9 of
+// pass 0 are c = 0..3, of pass 1 c = 4..7), and the word of its pair in weight_pairs.
+auto value_token = [](int t, int c) {
+  return VGW == 2 ? (t & 1) + 16 * (t >> 1) + 2 * c : 8 * t + c;
+};
+auto pair_word = [](int token) {
+  return ((token >> 1) & ~(PAIR_DELTA - 1)) | (token & (PAIR_DELTA - 1));
+};
+// Two tokens' codes of dims 2i and 2i + 1 side by side (VB = 2, 4: a field of 2 * VB
+// bits per pair, in `even` and `odd`), so a pair's table index is one field.
+constexpr bool VALUE_FIELDS = VB == 2 || VB == 4;
+constexpr uint32_t LOW_CODES = VB == 4 ? 0x0F0F0F0Fu : 0x33333333u;
+constexpr int PAIRS_PER_FIELD_WORD = 32 / (2 * VB);
+auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
+                      uint32_t (&odd)[GW]) {
+#pragma unroll
+  for (int i = 0; i < GW; ++i) {
+    even[i] = (lo[i] & LOW_CODES) | ((hi[i] << VB) & ~LOW_CODES);
+    odd[i] = ((lo[i] >> VB) & LOW_CODES) | (hi[i] & ~LOW_CODES);
+  }
+};
+// The A register of dim j (j = 2 mt or 2 mt + 1) for a pair of tokens.
+auto level_pair = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW],
+                      const uint32_t (&even)[GW], const uint32_t (&odd)[GW], int j) {
+  if constexpr (VALUE_FIELDS) {
+    const int mt = j >> 1, word = mt / PAIRS_PER_FIELD_WORD, field = mt % PAIRS_PER_FIELD_WORD;
+    const uint32_t w = (j & 1) ? odd[word] : even[word];
+    return v_pairs[(w >> (2 * VB * field)) & ((1u << (2 * VB)) - 1u)];
+  } else {
+    return v_pairs[code_at<VB>(lo, j) | (code_at<VB>(hi, j) << VB)];
+  }
 };
 
 // One tile: up to 32 items (tokens, or exact items), one per lane for the scores;
@@ -266,11 +330,25 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     for (int nt = 0; nt * 8 < n_items; ++nt) {
       const uint32_t* key_codes = stage + (nt * 8 + frag_group) * RW;
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (KEY_WORD_PAIRS) {
+        uint32_t w[KEY_LANE_WORDS];
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint32_t b0 = k_pairs[pair_code<KB>(key_codes, ks * 8 + frag_t)];
-        const uint32_t b1 = k_pairs[pair_code<KB>(key_codes, ks * 8 + 4 + frag_t)];
-        mma_16816(c, q_frag[ks], b0, b1);
+        for (int i = 0; i < KEY_LANE_WORDS; ++i) w[i] = key_codes[frag_t * KEY_LANE_WORDS + i];
+        auto pair_levels = [&](int j) {
+          const uint32_t word = w[j / KEY_PAIRS_PER_WORD];
+          return k_pairs[(word >> (2 * KB * (j % KEY_PAIRS_PER_WORD))) & ((1u << (2 * KB)) - 1u)];
+        };
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          mma_16816(c, q_frag[ks], pair_levels(2 * ks), pair_levels(2 * ks + 1));
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          const uint32_t b0 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 0, frag_t))];
+          const uint32_t b1 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 1, frag_t))];
+          mma_16816(c, q_frag[ks], b0, b1);
+        }
       }
       const int token = nt * 8 + 2 * frag_t;
       if (frag_group < R) {
@@ -360,54 +438,83 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       if (take) s[r] = dot[r] + mask_term(t, r);
     }
   }
+  // The running maxes are the warp's, so whether any moved is too: the accumulators
+  // are rescaled only then (rarely, once a slice's first tiles are in).
+  float alpha[R];
+  bool moved = false;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float m_new = fmaxf(m[r], warp_max(s[r]));
-    float alpha = 1.0f, p = 0.0f;
+    float p = 0.0f;
+    alpha[r] = 1.0f;
     if (m_new != -INFINITY) {
-      alpha = exp2_or_zero(m[r] - m_new);
+      alpha[r] = exp2_or_zero(m[r] - m_new);
       p = exp2_or_zero(s[r] - m_new);
     }
-    l_lane[r] = l_lane[r] * alpha + p;
+    moved |= m_new != m[r];
+    l_lane[r] = l_lane[r] * alpha[r] + p;
+    m[r] = m_new;
+    const float w = p * value_norm;
+    if constexpr (MMA_VALUES) {
+      // pairs of tokens PAIR_DELTA apart as one fp16x2 word, the first in the low half
+      const float partner = __shfl_xor_sync(FULL_MASK, w, PAIR_DELTA);
+      if ((lane & PAIR_DELTA) == 0) weight_pairs[warp][r][pair_word(lane)] = pack_half2(w, partner);
+    } else {
+      weights[warp][lane][r] = w;
+    }
+  }
+  if (moved) {
     if constexpr (MMA_VALUES) {
       // this lane's accumulators hold rows 2t and 2t + 1
+      float alpha_lo = 1.0f, alpha_hi = 1.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r == 2 * frag_t) alpha_lo = alpha[r];
+        if (r == 2 * frag_t + 1) alpha_hi = alpha[r];
+      }
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
-        if (r == 2 * frag_t) acc[mt][0] *= alpha, acc[mt][2] *= alpha;
-        if (r == 2 * frag_t + 1) acc[mt][1] *= alpha, acc[mt][3] *= alpha;
+        acc[mt][0] *= alpha_lo, acc[mt][2] *= alpha_lo;
+        acc[mt][1] *= alpha_hi, acc[mt][3] *= alpha_hi;
       }
     } else {
 #pragma unroll
-      for (int k = 0; k < DPL; ++k) acc[r][k] *= alpha;
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int k = 0; k < DPL; ++k) acc[r][k] *= alpha[r];
+      }
     }
-    m[r] = m_new;
-    weights[warp][lane][r] = p * value_norm;
   }
   __syncwarp();
   if constexpr (MMA_VALUES) {
-    // 16 tokens a step: B (16 tokens x 8 rows) holds the rows' weights of tokens
-    // 2t, 2t + 1 (+ 8), A (16 dims x 16 tokens) the same tokens' levels of the group's
-    // dims 2mt, 2mt + 1. Tokens past n_items weigh 0 (their scores were -inf).
-    for (int k0 = 0; k0 < n_items; k0 += 16) {
-      const int tok = k0 + 2 * frag_t;
+    // 16 tokens a pass: B (16 tokens x 8 rows) holds the rows' weights of the tokens in
+    // k slots 2t, 2t + 1 (+ 8), A (16 dims x 16 tokens) the same tokens' levels of the
+    // group's dims 2mt, 2mt + 1. Tokens past n_items weigh 0 (their scores were -inf);
+    // their stale codes still index the table, so the products are 0.
+    const int passes = min(2, n_items);  // a run-time count: unrolled, the passes need more registers
+#pragma unroll 1
+    for (int pass = 0; pass < passes; ++pass) {
       uint32_t b0 = 0u, b1 = 0u;
       if (frag_group < R) {
-        const int g = frag_group;
-        b0 = pack_half2(weights[warp][tok][g], weights[warp][tok + 1][g]);
-        b1 = pack_half2(weights[warp][tok + 8][g], weights[warp][tok + 9][g]);
+        b0 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass))];
+        b1 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass + 2))];
       }
-      uint32_t bits[4][GW];
+      uint32_t bits[4][GW], even[2][GW], odd[2][GW];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        value_bits(stage + (tok + (i & 1) + 8 * (i >> 1)) * STAGE_STRIDE + STAGE_VALUES, bits[i]);
+      for (int c = 0; c < 4; ++c) {
+        value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
+                   bits[c]);
+      }
+      if constexpr (VALUE_FIELDS) {
+        interleave(bits[0], bits[1], even[0], odd[0]);
+        interleave(bits[2], bits[3], even[1], odd[1]);
       }
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
-        const uint32_t a[4] = {
-            pack_halves(value_level(bits[0], 2 * mt), value_level(bits[1], 2 * mt)),
-            pack_halves(value_level(bits[0], 2 * mt + 1), value_level(bits[1], 2 * mt + 1)),
-            pack_halves(value_level(bits[2], 2 * mt), value_level(bits[3], 2 * mt)),
-            pack_halves(value_level(bits[2], 2 * mt + 1), value_level(bits[3], 2 * mt + 1))};
+        const uint32_t a[4] = {level_pair(bits[0], bits[1], even[0], odd[0], 2 * mt),
+                               level_pair(bits[0], bits[1], even[0], odd[0], 2 * mt + 1),
+                               level_pair(bits[2], bits[3], even[1], odd[1], 2 * mt),
+                               level_pair(bits[2], bits[3], even[1], odd[1], 2 * mt + 1)};
         mma_16816(acc[mt], a, b0, b1);
       }
     }
