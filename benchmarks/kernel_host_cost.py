@@ -77,8 +77,10 @@ def main():
     per_call(f"fused decode attention, source as written ({chars} chars)", fused)
 
     calls = []
-    kernel = decode_attention._kernel()
-    decode_attention._kernel = lambda: lambda **kw: calls.append(kw) or kernel(**kw)
+    kernel = decode_attention._kernel(decode_attention.WARPS)
+    decode_attention._kernel = lambda warps: (
+        lambda **kw: calls.append(kw) or kernel(**kw)
+    )
     fused()
     (arguments,) = calls
     per_call("its mx.fast.cuda_kernel call alone", lambda: kernel(**arguments))

@@ -125,7 +125,9 @@ def main():
             wrap(
                 "attention",
                 attention_body,
-                decode_attention.HEADER_CONSTANTS + header,
+                decode_attention.launch_bounds(4)
+                + decode_attention.HEADER_CONSTANTS
+                + header,
                 inputs,
                 [("out", dtype), ("work", "float32")],
                 template,

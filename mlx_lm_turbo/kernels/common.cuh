@@ -39,8 +39,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// exp2 that maps -inf (a masked score, or an empty running max) to 0.
-__device__ __forceinline__ float exp2_or_zero(float x) { return x == -INFINITY ? 0.0f : exp2f(x); }
+// exp2 as one MUFU instruction (exp2f is a dozen without fast math: its denormal
+// path); -inf (a masked score, or an empty running max) gives 0. Relative error
+// about 2^-22, far inside the kernels' 2e-3 tolerance.
+__device__ __forceinline__ float exp2_or_zero(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Code j of a run of codes held in registers: bits [j * BITS, (j + 1) * BITS) of w.
 // j is a compile-time constant after unrolling, so this is one or two shifts and a mask.

@@ -82,9 +82,13 @@ const int first_query = n_tokens - L;  // position of query row i is first_query
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
-// The value levels: pairs of fp16 levels for the tensor cores (VALUE_MMA), else float.
+// The value levels: float, or fp16 for the tensor cores (VALUE_MMA) as a table of
+// level pairs indexed by two codes (VB <= 3: at most 64 words, two to a bank); for
+// VB = 4 the 256 pairs would collide in banks (measured: 2.9-way), so two 16-word
+// tables, a level in the low half and in the high half, in distinct banks, OR'd.
+constexpr bool VALUE_PAIR_TABLE = VB <= 3;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
-__shared__ uint32_t v_pairs[VALUE_MMA ? 1 << (2 * VB) : 1];
+__shared__ uint32_t v_pairs[VALUE_MMA ? (VALUE_PAIR_TABLE ? 1 << (2 * VB) : 32) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
 // tiles' B fragments read them, rows 17 words apart (distinct banks).
@@ -118,9 +122,14 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
-if constexpr (VALUE_MMA) {
+if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
   for (int j = threadIdx.x; j < (1 << (2 * VB)); j += THREADS) {
     v_pairs[j] = pack_half2(v_levels_in[j & ((1 << VB) - 1)], v_levels_in[j >> VB]);
+  }
+} else if constexpr (VALUE_MMA) {
+  for (int j = threadIdx.x; j < 16; j += THREADS) {
+    v_pairs[j] = pack_half2(v_levels_in[j], 0.0f);
+    v_pairs[16 + j] = pack_half2(0.0f, v_levels_in[j]);
   }
 } else {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
@@ -286,11 +295,11 @@ auto value_token = [](int t, int c) {
 auto pair_word = [](int token) {
   return ((token >> 1) & ~(PAIR_DELTA - 1)) | (token & (PAIR_DELTA - 1));
 };
-// Two tokens' codes of dims 2i and 2i + 1 side by side (VB = 2, 4: a field of 2 * VB
-// bits per pair, in `even` and `odd`), so a pair's table index is one field.
-constexpr bool VALUE_FIELDS = VB == 2 || VB == 4;
-constexpr uint32_t LOW_CODES = VB == 4 ? 0x0F0F0F0Fu : 0x33333333u;
-constexpr int PAIRS_PER_FIELD_WORD = 32 / (2 * VB);
+// 2-bit values: two tokens' codes of dims 2i and 2i + 1 side by side (a 4-bit field
+// per pair, in `even` and `odd`), so a pair's table index is one field.
+constexpr bool VALUE_FIELDS = VB == 2;
+constexpr uint32_t LOW_CODES = 0x33333333u;
+constexpr int PAIRS_PER_FIELD_WORD = 8;
 auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
                       uint32_t (&odd)[GW]) {
 #pragma unroll
@@ -302,7 +311,9 @@ auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32
 // The A register of dim j (j = 2 mt or 2 mt + 1) for a pair of tokens.
 auto level_pair = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW],
                       const uint32_t (&even)[GW], const uint32_t (&odd)[GW], int j) {
-  if constexpr (VALUE_FIELDS) {
+  if constexpr (!VALUE_PAIR_TABLE) {
+    return v_pairs[code_at<VB>(lo, j)] | v_pairs[16 + code_at<VB>(hi, j)];
+  } else if constexpr (VALUE_FIELDS) {
     const int mt = j >> 1, word = mt / PAIRS_PER_FIELD_WORD, field = mt % PAIRS_PER_FIELD_WORD;
     const uint32_t w = (j & 1) ? odd[word] : even[word];
     return v_pairs[(w >> (2 * VB * field)) & ((1u << (2 * VB)) - 1u)];
@@ -329,7 +340,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     // n_items hold stale words; only their own columns see them, and nothing reads those.
     for (int nt = 0; nt * 8 < n_items; ++nt) {
       const uint32_t* key_codes = stage + (nt * 8 + frag_group) * RW;
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // two accumulators, even and odd k steps: half as long a chain of dependent MMAs
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if constexpr (KEY_WORD_PAIRS) {
         uint32_t w[KEY_LANE_WORDS];
 #pragma unroll
@@ -340,16 +352,18 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         };
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          mma_16816(c, q_frag[ks], pair_levels(2 * ks), pair_levels(2 * ks + 1));
+          mma_16816(ks % 2 ? c_odd : c, q_frag[ks], pair_levels(2 * ks), pair_levels(2 * ks + 1));
         }
       } else {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           const uint32_t b0 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 0, frag_t))];
           const uint32_t b1 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 1, frag_t))];
-          mma_16816(c, q_frag[ks], b0, b1);
+          mma_16816(ks % 2 ? c_odd : c, q_frag[ks], b0, b1);
         }
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[i] += c_odd[i];
       const int token = nt * 8 + 2 * frag_t;
       if (frag_group < R) {
         tile_dots[warp][token][frag_group] = c[0];

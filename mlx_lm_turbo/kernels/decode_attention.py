@@ -89,6 +89,22 @@ INPUTS = (
     "previous",
 )
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
+# Warps an SM should hold: a block's registers are capped so that 16 warps fit
+# (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
+# 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
+# (benchmarks/results/decode_kernel_h200_dcb122a.md).
+WARPS_PER_SM = 16
+
+
+def launch_bounds(warps):
+    """A header line giving the kernel launch bounds: MLX declares it ``__global__ void
+    ...`` after the header, so ``__global__`` is redefined as CUDA's own definition
+    (``__location__(global)``) plus the bounds."""
+    blocks = max(1, WARPS_PER_SM // warps)
+    return (
+        "#undef __global__\n"
+        f"#define __global__ __location__(global) __launch_bounds__({32 * warps}, {blocks})\n"
+    )
 
 
 def flags(mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits):
@@ -106,13 +122,13 @@ def flags(mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits):
 
 
 @lru_cache(maxsize=None)
-def _kernel():
+def _kernel(warps):
     return mx.fast.cuda_kernel(
         name="turbo_decode_attention",
         input_names=list(INPUTS),
         output_names=["out", "work"],
         source=source("decode_attention.cu"),
-        header=HEADER_CONSTANTS + source("common.cuh"),
+        header=launch_bounds(warps) + HEADER_CONSTANTS + source("common.cuh"),
         ensure_row_contiguous=False,
     )
 
@@ -226,7 +242,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
     layer = _LAYERS.get(codec)
     if layer is None:
         layer = _LAYERS[codec] = _Layer(dtype)
-    out, _ = _kernel()(
+    out, _ = _kernel(WARPS)(
         inputs=[
             queries,
             layer.constants(codec, scale),
