@@ -113,6 +113,7 @@ class _OnlineSoftmax:
         else:  # a learned sink logit: weight 1 at its own maximum, a zero value
             self.max, self.sum = first_logit, mx.ones(first_logit.shape, _COMPUTE_DTYPE)
         self.output = None
+        self.in_flight = ()  # the last settled merge, while the device runs it
 
     def scores(self, keys):
         """Scaled query-key scores against (B, Hkv, t, D) keys, as (B, Hkv, G, L, t)."""
@@ -146,9 +147,15 @@ class _OnlineSoftmax:
         """Evaluate the merge so far when a block's scores are large (a prefill chunk):
         left lazy, MLX evaluates every block's scores before merging any, and a chunk's
         memory grows with the context. At decode the blocks are small and this would
-        only add a sync per block."""
+        only add a sync per block. One block ahead: this block's merge is queued and the
+        previous one waited for, so the host builds the next block while the device runs
+        this one (a wait per block left a GPU idle between them), and at most two blocks'
+        temporaries are alive."""
         if self.shape[3] > 1:
-            mx.eval(self.max, self.sum, self.output)
+            settled = (self.max, self.sum, self.output)
+            mx.async_eval(*settled)
+            mx.eval(*self.in_flight)
+            self.in_flight = settled
 
     def result(self):
         return self.output / self.sum
