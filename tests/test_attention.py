@@ -12,6 +12,14 @@ from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 D = 64
 
 
+@pytest.fixture(autouse=True)
+def portable_path(monkeypatch):
+    """This module holds the portable path to the rule at 1e-3 on every backend; on a
+    GPU the fused kernel would take its decode calls (its fp16 tensor-core math is held
+    to this path at 2e-3 in tests/test_kernels.py: 1.7e-3 measured here on the H200)."""
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "off")
+
+
 def inputs(T, L, n_q_heads=4, n_kv_heads=2, seed=0, dtype=mx.float32):
     keys = outlier_keys((1, n_kv_heads, T, D), seed=seed, bias=40.0).astype(dtype)
     values = mx.random.normal(
