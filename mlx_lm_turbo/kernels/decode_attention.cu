@@ -42,11 +42,10 @@ constexpr bool KEY_MMA =
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
 constexpr bool VALUE_MMA = HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= 128 && R <= 8;
 constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, words per group
-// A register of A holds the levels of one dim for two tokens: one read of a table of
-// level pairs indexed by both codes. Where each group's bits are whole words (VGW > 0),
-// the k slots' tokens are permuted so that a warp's reads of value words and of packed
-// weights hit distinct banks (rows of an odd word count); pairs of slots are tokens
-// PAIR_DELTA apart.
+// A register of A holds one dim's levels for two tokens (read from v_pairs, below).
+// Where each group's bits are whole words (VGW > 0), the k slots' tokens are permuted
+// so that a warp's reads of value words and of packed weights hit distinct banks (rows
+// of an odd word count); pairs of slots are tokens PAIR_DELTA apart.
 constexpr int VGW = GB % 32 == 0 ? GB / 32 : 0;
 constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
 // Key pairs: where a word holds whole pairs (KB = 2, 4), lane t of a token's four reads
@@ -453,7 +452,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     }
   }
   // The running maxes are the warp's, so whether any moved is too: the accumulators
-  // are rescaled only then (rarely, once a slice's first tiles are in).
+  // are rescaled only then (on about half the tiles at 128K, random data).
   float alpha[R];
   bool moved = false;
 #pragma unroll
@@ -505,7 +504,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     // k slots 2t, 2t + 1 (+ 8), A (16 dims x 16 tokens) the same tokens' levels of the
     // group's dims 2mt, 2mt + 1. Tokens past n_items weigh 0 (their scores were -inf);
     // their stale codes still index the table, so the products are 0.
-    const int passes = min(2, n_items);  // a run-time count: unrolled, the passes need more registers
+    // A run-time count: unrolled, the two passes took 30 more registers.
+    const int passes = min(2, n_items);
 #pragma unroll 1
     for (int pass = 0; pass < passes; ++pass) {
       uint32_t b0 = 0u, b1 = 0u;

@@ -92,7 +92,7 @@ HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
 # 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
-# (benchmarks/results/decode_kernel_h200_dcb122a.md).
+# (benchmarks/results/decode_kernel_h200_c57a44c.md).
 WARPS_PER_SM = 16
 
 
