@@ -298,7 +298,6 @@ auto pair_word = [](int token) {
 // per pair, in `even` and `odd`), so a pair's table index is one field.
 constexpr bool VALUE_FIELDS = VB == 2;
 constexpr uint32_t LOW_CODES = 0x33333333u;
-constexpr int PAIRS_PER_FIELD_WORD = 8;
 auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
                       uint32_t (&odd)[GW]) {
 #pragma unroll
@@ -313,9 +312,7 @@ auto level_pair = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW],
   if constexpr (!VALUE_PAIR_TABLE) {
     return v_pairs[code_at<VB>(lo, j)] | v_pairs[16 + code_at<VB>(hi, j)];
   } else if constexpr (VALUE_FIELDS) {
-    const int mt = j >> 1, word = mt / PAIRS_PER_FIELD_WORD, field = mt % PAIRS_PER_FIELD_WORD;
-    const uint32_t w = (j & 1) ? odd[word] : even[word];
-    return v_pairs[(w >> (2 * VB * field)) & ((1u << (2 * VB)) - 1u)];
+    return v_pairs[code_at<2 * VB>((j & 1) ? odd : even, j >> 1)];
   } else {
     return v_pairs[code_at<VB>(lo, j) | (code_at<VB>(hi, j) << VB)];
   }
@@ -345,10 +342,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         uint32_t w[KEY_LANE_WORDS];
 #pragma unroll
         for (int i = 0; i < KEY_LANE_WORDS; ++i) w[i] = key_codes[frag_t * KEY_LANE_WORDS + i];
-        auto pair_levels = [&](int j) {
-          const uint32_t word = w[j / KEY_PAIRS_PER_WORD];
-          return k_pairs[(word >> (2 * KB * (j % KEY_PAIRS_PER_WORD))) & ((1u << (2 * KB)) - 1u)];
-        };
+        auto pair_levels = [&](int j) { return k_pairs[code_at<2 * KB>(w, j)]; };
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           mma_16816(ks % 2 ? c_odd : c, q_frag[ks], pair_levels(2 * ks), pair_levels(2 * ks + 1));
