@@ -6,18 +6,26 @@ from conftest import outlier_keys, relative_error
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
-from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.cache.attention import (
+    dense_prefill_attention,
+    dense_prefill_rule,
+    turbo_scaled_dot_product_attention,
+)
 
 D = 64
+DENSE_PREFILL_BYTES = attention.DENSE_PREFILL_BYTES  # the default, for the dense tests
 
 
 @pytest.fixture(autouse=True)
 def portable_path(monkeypatch):
-    """This module holds the portable path to the rule at 1e-3 on every backend; on a
-    GPU the fused kernel would take its decode calls (its fp16 tensor-core math is held
-    to this path at 2e-3 in tests/test_kernels.py: 1.7e-3 measured here on the H200)."""
+    """This module holds the portable blockwise path to the rule at 1e-3 on every
+    backend; on a GPU the fused kernel would take its decode calls (its fp16 tensor-core
+    math is held to this path at 2e-3 in tests/test_kernels.py: 1.7e-3 measured here on
+    the H200) and MLX-CUDA's fused attention its prefill calls (the dense tests below)."""
     monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "off")
+    monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", 0)
 
 
 def inputs(T, L, n_q_heads=4, n_kv_heads=2, seed=0, dtype=mx.float32):
@@ -236,8 +244,6 @@ def reference_attention(queries, view, scale, mask, sinks=None):
 def small_blocks(monkeypatch, request):
     """Blocks of 16 keys, so short test histories span many blocks; with query slices,
     a chunk's queries also go a few rows at a time."""
-    import mlx_lm_turbo.cache.attention as attention
-
     monkeypatch.setattr(attention, "DECODE_BLOCK_TOKENS", 16)
     monkeypatch.setattr(attention, "PREFILL_BLOCK_SCORES", 16)
     monkeypatch.setattr(attention, "_MIN_BLOCK_TOKENS", 16)
@@ -313,3 +319,61 @@ def test_blockwise_rotating_window(small_blocks, L):
     view, _ = cache.update_and_fetch(keys[:, :, 120 - L :], values[:, :, 120 - L :])
     got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
     assert relative_error(got, reference_attention(queries, view, D**-0.5, mask)) < 1e-3
+
+
+# The dense prefill path hands MLX's attention the dequantized history in the model
+# dtype: float32 models are held to the rule as tightly as the blockwise path, half
+# precision ones within their own rounding (scores and weights in 16 bits: about 1e-3
+# relative on CPU, where MLX rounds the scores to the model dtype).
+DENSE_LIMITS = {mx.float32: 1e-4, mx.float16: 5e-3, mx.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize(
+    "scheme,recent_exact",
+    [("turbo4", 1), ("turbo3", 1), ("turbo0v4", 1), ("turbo4", 5)],
+)
+def test_dense_prefill_equals_the_rule_spelled_out(
+    monkeypatch, mask, dtype, scheme, recent_exact
+):
+    monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", DENSE_PREFILL_BYTES)
+    T, L = 150, 37
+    queries, keys, values = inputs(T, L, n_q_heads=8, dtype=dtype)
+    cache = TurboQuantKVCache(
+        scheme, key_calibration="center+scale", recent_exact=recent_exact
+    )
+    cache.update_and_fetch(keys[:, :, : T - L], values[:, :, : T - L])
+    view, _ = cache.update_and_fetch(keys[:, :, T - L :], values[:, :, T - L :])
+    assert view.sinks is not None  # the sink tokens sit in the history
+    assert dense_prefill_rule(queries, view, mask) is None
+    got = dense_prefill_attention(queries, view, D**-0.5, mask)
+    assert got.dtype == dtype
+    expected = reference_attention(queries, view, D**-0.5, mask)
+    assert relative_error(got, expected) < DENSE_LIMITS[dtype]
+
+
+def test_dense_prefill_first_chunk_holds_its_sink_tokens_in_the_tail():
+    queries, keys, values = inputs(40, 40, dtype=mx.float16)
+    view, _ = TurboQuantKVCache("turbo2").update_and_fetch(keys, values)
+    got = dense_prefill_attention(queries, view, D**-0.5, "causal")
+    expected = reference_attention(queries, view, D**-0.5, "causal")
+    assert relative_error(got, expected) < DENSE_LIMITS[mx.float16]
+
+
+def test_dense_prefill_rule_sends_the_rest_blockwise(monkeypatch):
+    queries, keys, values = inputs(96, 16, dtype=mx.float16)
+    cache = TurboQuantKVCache("turbo4")
+    cache.update_and_fetch(keys[:, :, :80], values[:, :, :80])
+    view, _ = cache.update_and_fetch(keys[:, :, 80:], values[:, :, 80:])
+    monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", DENSE_PREFILL_BYTES)
+    assert dense_prefill_rule(queries, view, "causal") is None
+    assert "array mask" in dense_prefill_rule(queries, view, create_causal_mask(16, 80))
+    assert "sink logits" in dense_prefill_rule(queries, view, None, mx.zeros((4,)))
+    n = 96 + 16  # the stored tokens and the exact tail
+    monkeypatch.setattr(
+        attention, "DENSE_PREFILL_BYTES", 2 * 2 * n * D * 2 + 16 * n * 2 - 1
+    )
+    assert "MiB of dequantized history and mask" in dense_prefill_rule(
+        queries, view, None
+    )

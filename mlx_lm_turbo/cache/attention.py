@@ -39,6 +39,11 @@ _COMPUTE_DTYPE = mx.float32
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << (23 if gpu_backend() == "cuda" else 21)
 PREFILL_BLOCK_TOKENS = 512  # the most keys a prefill block reads, whatever fits
+# A prefill chunk whose layer's history dequantized (keys and values, model dtype) fits
+# this goes to MLX's fused attention in one op (dense_prefill_attention): a layer's
+# fp16 K/V at 64K tokens of 8 heads of 128 dims. Its transient memory is about twice
+# this (the dequantized history and its copy joined to the exact tail).
+DENSE_PREFILL_BYTES = 256 << 20
 # Query rows (batch x query heads x queries) one pass over the history accumulates:
 # its float32 running output, query and merge temporaries are each 8 MiB at head_dim
 # 128. A longer chunk goes in slices of queries, each reading the history again (the
@@ -60,7 +65,89 @@ def turbo_scaled_dot_product_attention(
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
         return fused
+    if dense_prefill_support(queries, kv, mask, sinks) is None:
+        return dense_prefill_attention(queries, kv, scale, mask)
     return blockwise_attention(queries, kv, scale, mask, sinks)
+
+
+def dense_prefill_support(queries, kv: TurboKV, mask, sinks=None):
+    """Why a call does not go to ``dense_prefill_attention``; None if it does.
+
+    It hands MLX's fused attention the whole history dequantized, so it runs only
+    where that attention is fused (cuDNN on MLX-CUDA: float16/bfloat16, head dims up
+    to 128; elsewhere MLX would materialise every score) and what it builds fits
+    ``DENSE_PREFILL_BYTES``, the bound on a layer's transient memory."""
+    if queries.shape[2] == 1:
+        return "decode"
+    if gpu_backend() != "cuda":
+        return "MLX's attention is fused for prefill on MLX-CUDA only"
+    if queries.dtype not in (mx.float16, mx.bfloat16):
+        return f"{queries.dtype} queries (cuDNN attention: float16, bfloat16)"
+    codec = kv.codec
+    if codec.key_dim != codec.value_dim or codec.key_dim > 128:
+        return "head dims above 128 (cuDNN attention)"
+    return dense_prefill_rule(queries, kv, mask, sinks)
+
+
+def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
+    """The backend-independent half of ``dense_prefill_support``."""
+    if mask is not None and not isinstance(mask, str):
+        return "an array mask"
+    if sinks is not None:
+        return "attention-sink logits"
+    B, H, T, D = kv.shape
+    keys = T + (0 if kv.new_keys is None else kv.new_keys.shape[2])
+    size = queries.dtype.size
+    dense_bytes = 2 * B * H * keys * D * size + queries.shape[2] * keys * size
+    if dense_bytes > DENSE_PREFILL_BYTES:
+        return (
+            f"{dense_bytes >> 20} MiB of dequantized history and mask "
+            f"(limit {DENSE_PREFILL_BYTES >> 20})"
+        )
+    return None
+
+
+def dense_prefill_attention(queries, kv: TurboKV, scale, mask):
+    """Attention of a prefill chunk through one call of MLX's fused attention over
+    every stored token dequantized (in the model dtype, the exact sink tokens written
+    at their positions) followed by the exact tail; a mask gives each query the keys
+    ``TurboKV``'s rule reads it: the exact copies of the tail tokens within its window,
+    the compressed ones before. The same keys ``blockwise_attention`` reads, in one
+    op instead of several per block of keys. Needs ``dense_prefill_rule``."""
+    codec = kv.codec
+    B, Hq, L, _ = queries.shape
+    T = kv.shape[2]
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    keys, values = codec.decode(kv.stored)
+    if kv.sinks is not None:
+        keys, values = (
+            _with_sinks(a, sink, kv.sinks[2])
+            for a, sink in zip((keys, values), kv.sinks)
+        )
+    if n_exact:
+        keys = mx.concatenate([keys, kv.new_keys], axis=2)
+        values = mx.concatenate([values, kv.new_values], axis=2)
+    query_at = mx.arange(T - L, T)[:, None]
+    key_at = mx.concatenate([mx.arange(T), mx.arange(T - n_exact, T)])[None]
+    exact_read = key_at >= T - n_exact
+    if kv.window is not None:
+        exact_read = exact_read & (key_at > query_at - kv.window)
+    visible = exact_read == (mx.arange(T + n_exact) >= T)[None]
+    if mask is not None:  # "causal"
+        visible = visible & (key_at <= query_at)
+    out = mx.fast.scaled_dot_product_attention(
+        codec.prepare_queries(queries), keys, values, scale=scale, mask=visible
+    )
+    return codec.restore_output(out)
+
+
+def _with_sinks(dense, sink, positions):
+    """``dense`` (B, H, T, D) with the exact sink tokens written at their positions.
+    (A batch row's unfilled sink slot points at the last token, whose stored slot no
+    query reads: each reads itself from the exact tail.)"""
+    B, H, _, D = dense.shape
+    index = mx.broadcast_to(positions, (B, H, positions.shape[2], D))
+    return mx.put_along_axis(dense, index, sink.astype(dense.dtype), axis=2)
 
 
 def block_tokens(n_rows, n_queries):
