@@ -372,7 +372,7 @@ def test_dense_prefill_rule_sends_the_rest_blockwise(monkeypatch):
     assert "sink logits" in dense_prefill_rule(queries, view, None, mx.zeros((4,)))
     n = 96 + 16  # the stored tokens and the exact tail
     monkeypatch.setattr(
-        attention, "DENSE_PREFILL_BYTES", 2 * 2 * n * D * 2 + 16 * n * 2 - 1
+        attention, "DENSE_PREFILL_BYTES", 2 * 2 * n * D * 2 + 16 * n * 3 - 1
     )
     assert "MiB of dequantized history and mask" in dense_prefill_rule(
         queries, view, None

@@ -98,7 +98,8 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
     B, H, T, D = kv.shape
     keys = T + (0 if kv.new_keys is None else kv.new_keys.shape[2])
     size = queries.dtype.size
-    dense_bytes = 2 * B * H * keys * D * size + queries.shape[2] * keys * size
+    # the mask: built as bool, handed over additive in the model dtype
+    dense_bytes = 2 * B * H * keys * D * size + queries.shape[2] * keys * (size + 1)
     if dense_bytes > DENSE_PREFILL_BYTES:
         return (
             f"{dense_bytes >> 20} MiB of dequantized history and mask "
@@ -135,8 +136,10 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask):
     visible = exact_read == (mx.arange(T + n_exact) >= T)[None]
     if mask is not None:  # "causal"
         visible = visible & (key_at <= query_at)
+    # Additive, so MLX hands it to cuDNN as it is (a bool mask it would convert).
+    additive = mx.where(visible, 0, mx.finfo(queries.dtype).min).astype(queries.dtype)
     out = mx.fast.scaled_dot_product_attention(
-        codec.prepare_queries(queries), keys, values, scale=scale, mask=visible
+        codec.prepare_queries(queries), keys, values, scale=scale, mask=additive
     )
     return codec.restore_output(out)
 
