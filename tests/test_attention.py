@@ -334,10 +334,13 @@ DENSE_LIMITS = {mx.float32: 1e-4, mx.float16: 5e-3, mx.bfloat16: 3e-2}
     "scheme,recent_exact",
     [("turbo4", 1), ("turbo3", 1), ("turbo0v4", 1), ("turbo4", 5)],
 )
+@pytest.mark.parametrize("sliced", [False, True])
 def test_dense_prefill_equals_the_rule_spelled_out(
-    monkeypatch, mask, dtype, scheme, recent_exact
+    monkeypatch, mask, dtype, scheme, recent_exact, sliced
 ):
     monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", DENSE_PREFILL_BYTES)
+    if sliced:  # the mask in slices of 10 query rows
+        monkeypatch.setattr(attention, "DENSE_MASK_BYTES", 10 * 187 * 5)
     T, L = 150, 37
     queries, keys, values = inputs(T, L, n_q_heads=8, dtype=dtype)
     cache = TurboQuantKVCache(
@@ -371,8 +374,9 @@ def test_dense_prefill_rule_sends_the_rest_blockwise(monkeypatch):
     assert "array mask" in dense_prefill_rule(queries, view, create_causal_mask(16, 80))
     assert "sink logits" in dense_prefill_rule(queries, view, None, mx.zeros((4,)))
     n = 96 + 16  # the stored tokens and the exact tail
+    monkeypatch.setattr(attention, "DENSE_MASK_BYTES", 5 * n * 3)  # 5-row slices
     monkeypatch.setattr(
-        attention, "DENSE_PREFILL_BYTES", 2 * 2 * n * D * 2 + 16 * n * 3 - 1
+        attention, "DENSE_PREFILL_BYTES", 2 * 2 * n * D * 2 + 5 * n * 3 - 1
     )
     assert "MiB of dequantized history and mask" in dense_prefill_rule(
         queries, view, None

@@ -39,11 +39,12 @@ _COMPUTE_DTYPE = mx.float32
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << (23 if gpu_backend() == "cuda" else 21)
 PREFILL_BLOCK_TOKENS = 512  # the most keys a prefill block reads, whatever fits
-# A prefill chunk whose layer's history dequantized (keys and values, model dtype) fits
-# this goes to MLX's fused attention in one op (dense_prefill_attention): a layer's
-# fp16 K/V at 64K tokens of 8 heads of 128 dims. Its transient memory is about twice
-# this (the dequantized history and its copy joined to the exact tail).
-DENSE_PREFILL_BYTES = 256 << 20
+# A prefill chunk whose layer's history dequantized (keys and values, model dtype) and
+# mask fit this goes to MLX's fused attention (dense_prefill_attention): a layer's fp16
+# K/V at 128K tokens of 8 heads of 128 dims. The mask goes in slices of query rows of at
+# most DENSE_MASK_BYTES (bool, then additive in the model dtype).
+DENSE_PREFILL_BYTES = 512 << 20
+DENSE_MASK_BYTES = 64 << 20
 # Query rows (batch x query heads x queries) one pass over the history accumulates:
 # its float32 running output, query and merge temporaries are each 8 MiB at head_dim
 # 128. A longer chunk goes in slices of queries, each reading the history again (the
@@ -98,8 +99,8 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
     B, H, T, D = kv.shape
     keys = T + (0 if kv.new_keys is None else kv.new_keys.shape[2])
     size = queries.dtype.size
-    # the mask: built as bool, handed over additive in the model dtype
-    dense_bytes = 2 * B * H * keys * D * size + queries.shape[2] * keys * (size + 1)
+    rows = min(queries.shape[2], _dense_query_rows(keys, queries.dtype))
+    dense_bytes = 2 * B * H * keys * D * size + rows * keys * (size + 1)
     if dense_bytes > DENSE_PREFILL_BYTES:
         return (
             f"{dense_bytes >> 20} MiB of dequantized history and mask "
@@ -128,20 +129,37 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask):
     if n_exact:
         keys = mx.concatenate([keys, kv.new_keys], axis=2)
         values = mx.concatenate([values, kv.new_values], axis=2)
-    query_at = mx.arange(T - L, T)[:, None]
+    queries = codec.prepare_queries(queries)
     key_at = mx.concatenate([mx.arange(T), mx.arange(T - n_exact, T)])[None]
-    exact_read = key_at >= T - n_exact
-    if kv.window is not None:
-        exact_read = exact_read & (key_at > query_at - kv.window)
-    visible = exact_read == (mx.arange(T + n_exact) >= T)[None]
-    if mask is not None:  # "causal"
-        visible = visible & (key_at <= query_at)
-    # Additive, so MLX hands it to cuDNN as it is (a bool mask it would convert).
-    additive = mx.where(visible, 0, mx.finfo(queries.dtype).min).astype(queries.dtype)
-    out = mx.fast.scaled_dot_product_attention(
-        codec.prepare_queries(queries), keys, values, scale=scale, mask=additive
-    )
+    in_tail = key_at >= T - n_exact
+    in_exact_copies = (mx.arange(T + n_exact) >= T)[None]
+    rows = _dense_query_rows(T + n_exact, queries.dtype)
+    outs = []
+    for start in range(0, L, rows):
+        end = min(start + rows, L)
+        query_at = mx.arange(T - L + start, T - L + end)[:, None]
+        exact_read = in_tail
+        if kv.window is not None:
+            exact_read = exact_read & (key_at > query_at - kv.window)
+        visible = exact_read == in_exact_copies
+        if mask is not None:  # "causal"
+            visible = visible & (key_at <= query_at)
+        # Additive, so MLX hands it to cuDNN as it is (a bool mask it would convert).
+        additive = mx.where(visible, 0, mx.finfo(queries.dtype).min).astype(
+            queries.dtype
+        )
+        outs.append(
+            mx.fast.scaled_dot_product_attention(
+                queries[:, :, start:end], keys, values, scale=scale, mask=additive
+            )
+        )
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return codec.restore_output(out)
+
+
+def _dense_query_rows(keys, dtype):
+    """Query rows per slice of a dense prefill's mask over ``keys`` keys."""
+    return max(1, DENSE_MASK_BYTES // (keys * (dtype.size + 1)))
 
 
 def _with_sinks(dense, sink, positions):
