@@ -356,6 +356,15 @@ def test_dense_prefill_equals_the_rule_spelled_out(
     assert relative_error(got, expected) < DENSE_LIMITS[dtype]
 
 
+@pytest.mark.skipif(
+    mx.default_device() != mx.cpu, reason="MLX on CPU has no fused SDPA"
+)
+def test_dense_prefill_gives_way_where_mlx_attention_is_not_fused():
+    queries, keys, values = inputs(40, 8, dtype=mx.float16)
+    view, _ = TurboQuantKVCache("turbo4").update_and_fetch(keys, values)
+    assert dense_prefill_attention(queries, view, D**-0.5, "causal", True) is None
+
+
 def test_dense_prefill_first_chunk_holds_its_sink_tokens_in_the_tail():
     queries, keys, values = inputs(40, 40, dtype=mx.float16)
     view, _ = TurboQuantKVCache("turbo2").update_and_fetch(keys, values)

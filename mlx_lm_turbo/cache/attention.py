@@ -67,7 +67,9 @@ def turbo_scaled_dot_product_attention(
     if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
         return fused
     if dense_prefill_support(queries, kv, mask, sinks) is None:
-        return dense_prefill_attention(queries, kv, scale, mask)
+        dense = dense_prefill_attention(queries, kv, scale, mask, fused_only=True)
+        if dense is not None:
+            return dense
     return blockwise_attention(queries, kv, scale, mask, sinks)
 
 
@@ -109,13 +111,16 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
     return None
 
 
-def dense_prefill_attention(queries, kv: TurboKV, scale, mask):
+def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False):
     """Attention of a prefill chunk through one call of MLX's fused attention over
     every stored token dequantized (in the model dtype, the exact sink tokens written
     at their positions) followed by the exact tail; a mask gives each query the keys
     ``TurboKV``'s rule reads it: the exact copies of the tail tokens within its window,
     the compressed ones before. The same keys ``blockwise_attention`` reads, in one
-    op instead of several per block of keys. Needs ``dense_prefill_rule``."""
+    op instead of several per block of keys. Needs ``dense_prefill_rule``.
+
+    ``fused_only``: None where MLX has no fused attention for the call (it would
+    materialise every score), so the caller reads the history blockwise instead."""
     codec = kv.codec
     B, Hq, L, _ = queries.shape
     T = kv.shape[2]
@@ -148,11 +153,19 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask):
         additive = mx.where(visible, 0, mx.finfo(queries.dtype).min).astype(
             queries.dtype
         )
-        outs.append(
-            mx.fast.scaled_dot_product_attention(
-                queries[:, :, start:end], keys, values, scale=scale, mask=additive
+        try:
+            outs.append(
+                mx.fast.scaled_dot_product_attention(
+                    queries[:, :, start:end],
+                    keys,
+                    values,
+                    scale=scale,
+                    mask=additive,
+                    force_fused=fused_only,
+                )
             )
-        )
+        except ValueError:  # MLX: "force_fused=True but no fused kernel ..."
+            return None
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     return codec.restore_output(out)
 
