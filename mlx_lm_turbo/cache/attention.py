@@ -167,7 +167,23 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
         except ValueError:  # MLX: "force_fused=True but no fused kernel ..."
             return None
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-    return codec.restore_output(out)
+    out = codec.restore_output(out)
+    _settle_dense(out)
+    return out
+
+
+# The last dense prefill call's output while the device runs it. A chunk's layers form
+# one graph, and on a GPU the host queues every layer's dequantized history before the
+# device has run the first (16K tokens, 8 layers on the H200: 3.8x fp16's peak), so
+# each call waits for the one before it: at most two layers' temporaries are alive.
+_dense_in_flight = []
+
+
+def _settle_dense(out):
+    mx.async_eval(out)
+    if _dense_in_flight:
+        mx.eval(_dense_in_flight.pop())
+    _dense_in_flight.append(out)
 
 
 def _dense_query_rows(keys, dtype):
