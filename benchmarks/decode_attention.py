@@ -153,9 +153,12 @@ def host_profile(caches, args, steps=32):
 
 def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, warm_up=True):
     """Seconds and peak memory (bytes, caches included) of a chunked prefill through the
-    stack, after a two-chunk warm-up (MLX-CUDA compiles a kernel on its first use)."""
+    stack, after the same prefill once: MLX-CUDA compiles a kernel on its first use and
+    cuDNN builds its attention plan for each new shape, so without it the first row to
+    meet a chunk's shapes pays for every row after it (turbo4 0.6 s, then turbo4 with
+    the portable encode 0.2 s: benchmarks/results/prefill_h200_73d6513.md)."""
     if warm_up:
-        prefill(make, layers, 2 * chunk, chunk, q_heads, kv_heads, head_dim, False)
+        prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, False)
     caches = [make() for _ in range(layers)]
     group = q_heads // kv_heads
     chunks = [

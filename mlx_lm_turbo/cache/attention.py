@@ -139,6 +139,8 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
     in_tail = key_at >= T - n_exact
     in_exact_copies = (mx.arange(T + n_exact) >= T)[None]
     rows = _dense_query_rows(T + n_exact, queries.dtype)
+    zero = mx.array(0, queries.dtype)
+    invisible = mx.array(mx.finfo(queries.dtype).min, queries.dtype)
     outs = []
     for start in range(0, L, rows):
         end = min(start + rows, L)
@@ -150,9 +152,7 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
         if mask is not None:  # "causal"
             visible = visible & (key_at <= query_at)
         # Additive, so MLX hands it to cuDNN as it is (a bool mask it would convert).
-        additive = mx.where(visible, 0, mx.finfo(queries.dtype).min).astype(
-            queries.dtype
-        )
+        additive = mx.where(visible, zero, invisible)
         try:
             outs.append(
                 mx.fast.scaled_dot_product_attention(
