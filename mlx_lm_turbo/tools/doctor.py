@@ -94,7 +94,8 @@ def _kernel_status():
     reason = layer_support(HEAD_DIMS[0], HEAD_DIMS[0])
     where = (
         f"available for head dims {', '.join(map(str, HEAD_DIMS))} (decode: 1-8 query "
-        "tokens; longer prefill chunks take the portable path)"
+        "tokens; longer prefill chunks go to MLX's fused attention over the history "
+        "dequantized while it fits, else blockwise)"
         if reason is None
         else f"not here: {reason}"
     )
