@@ -390,3 +390,32 @@ def test_dense_prefill_rule_sends_the_rest_blockwise(monkeypatch):
     assert "MiB of dequantized history and mask" in dense_prefill_rule(
         queries, view, None
     )
+
+
+def test_dense_prefill_reads_the_same_whatever_the_chunking(monkeypatch):
+    # Chunks of a float16 prompt through the dense path (single tokens through the
+    # decode path), then decode steps: every query's output within float16 rounding of
+    # the one-chunk run's, the rule being the same for every chunking.
+    monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", DENSE_PREFILL_BYTES)
+    T, steps = 70, 6
+    queries, keys, values = inputs(T + steps, T + steps, dtype=mx.float16)
+
+    def run(chunks):
+        cache, outs, start = TurboQuantKVCache("turbo4"), [], 0
+        for n in chunks + [1] * steps:
+            end = start + n
+            view, _ = cache.update_and_fetch(
+                keys[:, :, start:end], values[:, :, start:end]
+            )
+            q = queries[:, :, start:end]
+            outs.append(
+                dense_prefill_attention(q, view, D**-0.5, "causal")
+                if n > 1
+                else turbo_scaled_dot_product_attention(q, view, D**-0.5, None)
+            )
+            start = end
+        return mx.concatenate(outs, axis=2)
+
+    want = run([T])
+    for chunks in ([8, 62], [16, 16, 16, 16, 6], [3, 1, 30, 1, 35]):
+        assert relative_error(run(chunks), want) < DENSE_LIMITS[mx.float16], chunks
