@@ -17,7 +17,11 @@ import pytest
 from conftest import outlier_keys, relative_error
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
-from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.cache.attention import (
+    dense_prefill_attention,
+    dense_prefill_support,
+    turbo_scaled_dot_product_attention,
+)
 from mlx_lm_turbo.kernels import (
     KERNEL_ENV,
     KernelUnavailableError,
@@ -419,3 +423,11 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     q, view, mask = step_inputs(ring, 1, 2, 2, 64, mx.float16)
     assert view.sinks[0].shape[2] == 8
     assert fused_decode_attention(q, view, 0.125, mask) is not None
+
+
+@pytest.mark.gpu
+def test_auto_sends_float16_prefill_chunks_to_mlx_fused_attention(monkeypatch):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
+    q, view, _ = step_inputs(cache, 16, 2, 4, 128, mx.float16)
+    assert dense_prefill_support(q, view, "causal") is None
+    assert dense_prefill_attention(q, view, 0.1, "causal", fused_only=True) is not None

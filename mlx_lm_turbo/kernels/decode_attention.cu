@@ -5,15 +5,19 @@
 // the value rotation and writes them: one launch a layer. Each token's codes and
 // norms come in one row (codec.join_rows): KW words of key codes (none where the
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
-// Template constants: T (query dtype), MT (mask dtype), D, G, L, R, KB, VB, NW, WINDOW
-// (TurboKV.window, 0 for none) and FLAGS (decode_attention.py's flags()); MAX_SINKS
-// comes from the header. `consts` holds the key signs (D), value signs (D),
+// Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
+// VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
+// none); MAX_SINKS comes from the header. `consts` holds the key signs (D), value signs (D),
 // key levels (2^KB where KB > 0), value levels (2^VB) and the softmax scale. `work`
 // holds the slices' rows and their (max, sum); `counters` (one per group) is zero on
 // entry and left zero on exit, so nothing needs filling per call (a fill is one more
 // launch); `previous` (unread) is the layer's last call's output, so MLX runs the
 // calls sharing counters in order.
 using namespace turbo;
+constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
+constexpr int R = SHAPE >> 22;
+constexpr int KB = CODE & 15, VB = (CODE >> 4) & 15, NW = (CODE >> 8) & 31;
+constexpr int FLAGS = CODE >> 13;
 constexpr int MASK_KIND = FLAGS & 3;  // 0 none, 1 causal, 2 an array
 constexpr bool MASK_BOOL = FLAGS & 4, HAS_KSCALE = FLAGS & 8, HAS_TAIL = FLAGS & 16;
 constexpr bool HAS_SINK_TOKENS = FLAGS & 32, HAS_SINKS = FLAGS & 64;  // HAS_SINKS: logits

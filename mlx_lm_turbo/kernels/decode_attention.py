@@ -43,12 +43,15 @@ TARGET_BLOCKS = (
 # (at least WARPS * 64 * rows floats): parts (slices + 1) <= 256 fit at every head dim.
 MAX_SLICES = 255
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
+MAX_GROUP = 255  # query heads per KV head (8 bits of the SHAPE template value)
 
 
 def _call_support(queries, kv, mask):
     """Why this call goes to the portable path although the layer is served; None if not."""
     if queries.shape[2] > MAX_QUERIES:
         return "prefill"
+    if queries.shape[1] // kv.codec.n_kv_heads > MAX_GROUP:
+        return f"more than {MAX_GROUP} query heads per KV head"
     if kv.stored is None:
         return "no compressed history yet"
     if queries.dtype != kv.codec.dtype:
@@ -294,17 +297,13 @@ def template(
     dtype, mask_dtype, D, G, L, R, key_bits, value_bits, warps, window, flag_bits
 ):
     """A variant's template values (one list per variant, built once; the warps per
-    block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies them)."""
+    block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies them).
+    The integers go packed in two (the kernel unpacks them as constants): MLX's host
+    cost of a call grows with its template values (kernel_host_cost.py)."""
     return [
         ("T", dtype),
         ("MT", mask_dtype),
-        ("D", D),
-        ("G", G),
-        ("L", L),
-        ("R", R),
-        ("KB", key_bits),
-        ("VB", value_bits),
-        ("NW", warps),
+        ("SHAPE", D | G << 10 | L << 18 | R << 22),
+        ("CODE", key_bits | value_bits << 4 | warps << 8 | flag_bits << 13),
         ("WINDOW", window),
-        ("FLAGS", flag_bits),
     ]

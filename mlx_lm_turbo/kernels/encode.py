@@ -64,15 +64,19 @@ def _constants(codec):
 
 @lru_cache(maxsize=None)
 def template(dtype, D, key_bits, value_bits, center, scale):
-    """A variant's template values (one list per variant, built once)."""
+    """A variant's template values (one list per variant, built once), the integers
+    packed in one (MLX's host cost of a call grows with its template values)."""
     return [
         ("T", dtype),
-        ("D", D),
-        ("KB", key_bits),
-        ("VB", value_bits),
-        ("NW", WARPS),
-        ("CENTER", center),
-        ("SCALE", scale),
+        (
+            "CODE",
+            D
+            | key_bits << 10
+            | value_bits << 14
+            | WARPS << 18
+            | center << 23
+            | scale << 24,
+        ),
     ]
 
 
