@@ -34,32 +34,53 @@ def _kernel():
     )
 
 
-_CONSTANTS = weakref.WeakKeyDictionary()  # codec -> its constants input
+_PLANS = weakref.WeakKeyDictionary()  # codec -> {batch rows: (inputs, template)}
+
+
+def _plan(codec, B):
+    """The inputs after the keys and values (key statistics for B rows, the codec's
+    constants) and the template values of a codec's calls on B rows, built once: on
+    MLX-CUDA the host's time per call counts at every decode step."""
+    plans = _PLANS.get(codec)
+    if plans is None:
+        plans = _PLANS[codec] = {}
+    plan = plans.get(B)
+    if plan is None:
+        plan = plans[B] = (
+            [
+                placeholder(mx.float32) if stat is None else broadcast_rows(stat, B)
+                for stat in (codec.key_mean, codec.key_scale)
+            ]
+            + [_constants(codec)],
+            template(
+                codec.dtype,
+                codec.value_dim,
+                codec.scheme.key_bits,
+                codec.scheme.value_bits,
+                codec.key_mean is not None,
+                codec.key_scale is not None,
+            ),
+        )
+        mx.eval(plan[0])
+    return plan
 
 
 def _constants(codec):
     """Key signs, value signs, key boundaries and levels, value boundaries and levels:
-    one float32 array per codec, built once."""
-    consts = _CONSTANTS.get(codec)
-    if consts is None:
-        D = codec.value_dim
-        key_bits, value_bits = codec.scheme.key_bits, codec.scheme.value_bits
-        key_signs = codec.key_rotation.signs if key_bits else mx.zeros((D,), mx.float32)
-        key_tables = (
-            [boundaries(D, key_bits), codebook(D, key_bits)] if key_bits else []
-        )
-        consts = mx.concatenate(
-            [
-                key_signs,
-                codec.value_rotation.signs,
-                *key_tables,
-                boundaries(D, value_bits),
-                codebook(D, value_bits),
-            ]
-        )
-        mx.eval(consts)
-        _CONSTANTS[codec] = consts
-    return consts
+    one float32 array per codec."""
+    D = codec.value_dim
+    key_bits, value_bits = codec.scheme.key_bits, codec.scheme.value_bits
+    key_signs = codec.key_rotation.signs if key_bits else mx.zeros((D,), mx.float32)
+    key_tables = [boundaries(D, key_bits), codebook(D, key_bits)] if key_bits else []
+    return mx.concatenate(
+        [
+            key_signs,
+            codec.value_rotation.signs,
+            *key_tables,
+            boundaries(D, value_bits),
+            codebook(D, value_bits),
+        ]
+    )
 
 
 @lru_cache(maxsize=None)
@@ -85,33 +106,20 @@ def fused_encode(codec, keys, values):
     if not use_kernel(codec):
         return None
     B, H, L, D = values.shape
-    kb, vb = codec.scheme.key_bits, codec.scheme.value_bits
     n = B * H * L
-    dtype = codec.dtype
-
-    def statistic(stat):
-        return placeholder(mx.float32) if stat is None else broadcast_rows(stat, B)
-
+    inputs, variant = _plan(codec, B)
     rows, exact_keys, exact_values = _kernel()(
-        inputs=[
-            keys,
-            values,
-            statistic(codec.key_mean),
-            statistic(codec.key_scale),
-            _constants(codec),
-        ],
-        template=template(
-            dtype, D, kb, vb, codec.key_mean is not None, codec.key_scale is not None
-        ),
+        inputs=[keys, values, *inputs],
+        template=variant,
         grid=(-(-n // WARPS) * WARPS * 32, 1, 1),
         threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[
             (B, H, L, codec.row_words),
-            (B, H, L, D) if kb else (1,),
+            (B, H, L, D) if codec.scheme.key_bits else (1,),
             (B, H, L, D),
         ],
-        output_dtypes=[mx.uint32, dtype, dtype],
+        output_dtypes=[mx.uint32, codec.dtype, codec.dtype],
     )
-    if kb:
+    if codec.scheme.key_bits:
         return (rows,), exact_keys, exact_values
     return (keys, rows), keys, exact_values
