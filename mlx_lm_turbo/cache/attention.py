@@ -96,6 +96,8 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
     """The backend-independent half of ``dense_prefill_support``."""
     if mask is not None and not isinstance(mask, str):
         return "an array mask"
+    if isinstance(mask, str) and mask != "causal":
+        return f"mask {mask!r}"
     if sinks is not None:
         return "attention-sink logits"
     B, H, T, D = kv.shape
@@ -112,8 +114,8 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
 
 
 def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False):
-    """Attention of a prefill chunk through one call of MLX's fused attention over
-    every stored token dequantized (in the model dtype, the exact sink tokens written
+    """Attention of a prefill chunk through MLX's fused attention (a call per slice of
+    query rows) over every stored token dequantized (in the model dtype, the exact sink tokens written
     at their positions) followed by the exact tail; a mask gives each query the keys
     ``TurboKV``'s rule reads it: the exact copies of the tail tokens within its window,
     the compressed ones before. The same keys ``blockwise_attention`` reads, in one
@@ -122,8 +124,7 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
     ``fused_only``: None where MLX has no fused attention for the call (it would
     materialise every score), so the caller reads the history blockwise instead."""
     codec = kv.codec
-    B, Hq, L, _ = queries.shape
-    T = kv.shape[2]
+    L, T = queries.shape[2], kv.shape[2]
     n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
     keys, values = codec.decode(kv.stored)
     if kv.sinks is not None:
@@ -175,7 +176,8 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
 # The last dense prefill call's output while the device runs it. A chunk's layers form
 # one graph, and on a GPU the host queues every layer's dequantized history before the
 # device has run the first (16K tokens, 8 layers on the H200: 3.8x fp16's peak), so
-# each call waits for the one before it: at most two layers' temporaries are alive.
+# each call waits for the one before it: at most two layers' temporaries are alive
+# (the last output stays referenced here until the next dense call).
 _dense_in_flight = []
 
 
