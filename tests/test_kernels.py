@@ -431,3 +431,66 @@ def test_auto_sends_float16_prefill_chunks_to_mlx_fused_attention(monkeypatch):
     q, view, _ = step_inputs(cache, 16, 2, 4, 128, mx.float16)
     assert dense_prefill_support(q, view, "causal") is None
     assert dense_prefill_attention(q, view, 0.1, "causal", fused_only=True) is not None
+
+
+def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
+    # Runs anywhere: the kernel is a stand-in recording its arguments. A layer's later
+    # calls reuse the plan of their configuration; what they pass must be what a call
+    # that builds its plan afresh passes (arrays of the call itself, the same constants
+    # and placeholders, template values, grid and output shapes).
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+
+    calls = []
+
+    def kernel(**arguments):
+        calls.append(arguments)
+        return [
+            mx.zeros(s, d)
+            for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
+        ]
+
+    monkeypatch.setattr(decode_attention, "_kernel", lambda warps: kernel)
+    monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
+    caches = [
+        TurboQuantKVCache("turbo4"),
+        TurboQuantKVCache("turbo0v4", key_calibration="center+scale"),
+        TurboQuantRotatingKVCache("turbo3", max_size=32, recent_exact=4),
+    ]
+    for cache in caches:
+        monkeypatch.setenv(KERNEL_ENV, "off")  # the caches encode portably
+        filled_cache(cache, 48, 2, 64, mx.float16)
+        for step, (L, sinks) in enumerate([(1, None), (1, mx.ones((4,))), (2, None)]):
+            monkeypatch.setenv(KERNEL_ENV, "off")
+            q, view, mask = step_inputs(cache, L, 2, 2, 64, mx.float16, seed=step)
+            monkeypatch.setenv(KERNEL_ENV, "on")
+            # with the plans of the calls before (other configurations), then afresh
+            fused_decode_attention(q, view, 0.125, mask, sinks)
+            layer = decode_attention._LAYERS[view.codec]
+            plans, layer.plans = layer.plans, {}
+            fused_decode_attention(q, view, 0.125, mask, sinks)
+            layer.plans = plans
+            again, first = calls[-2], calls[-1]
+            assert [k for k in first if k != "inputs"] == [
+                k for k in again if k != "inputs"
+            ]
+            for k in first:
+                if k != "inputs":
+                    assert first[k] == again[k], k
+            names = decode_attention.INPUTS
+            for name, a, b in zip(names, first["inputs"], again["inputs"]):
+                if name == "previous":  # the layer's last output
+                    continue
+                assert a is b or (a.shape == b.shape and mx.array_equal(a, b).item()), (
+                    name
+                )
+            code = dict(again["template"])["CODE"]
+            flag_bits = (
+                code >> 13
+            )  # decode_attention.flags(): tail 16, tokens 32, logits 64
+            assert bool(flag_bits & 16) == (view.new_keys is not None)
+            assert bool(flag_bits & 32) == (view.sinks is not None)
+            assert bool(flag_bits & 64) == (sinks is not None)
+            assert again["inputs"][0] is q and again["inputs"][4] is view.stored[-1]
+            if view.new_keys is not None:
+                assert again["inputs"][8] is view.new_keys
