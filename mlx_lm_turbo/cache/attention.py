@@ -88,7 +88,10 @@ def dense_prefill_support(queries, kv: TurboKV, mask, sinks=None):
         return f"{queries.dtype} queries (cuDNN attention: float16, bfloat16)"
     codec = kv.codec
     if codec.key_dim != codec.value_dim or codec.key_dim > 128:
-        return "head dims above 128 (cuDNN attention)"
+        return (
+            f"key / value head dims {codec.key_dim} / {codec.value_dim} "
+            "(cuDNN attention: equal, at most 128)"
+        )
     return dense_prefill_rule(queries, kv, mask, sinks)
 
 
@@ -115,11 +118,12 @@ def dense_prefill_rule(queries, kv: TurboKV, mask, sinks=None):
 
 def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False):
     """Attention of a prefill chunk through MLX's fused attention (a call per slice of
-    query rows) over every stored token dequantized (in the model dtype, the exact sink tokens written
-    at their positions) followed by the exact tail; a mask gives each query the keys
-    ``TurboKV``'s rule reads it: the exact copies of the tail tokens within its window,
-    the compressed ones before. The same keys ``blockwise_attention`` reads, in one
-    op instead of several per block of keys. Needs ``dense_prefill_rule``.
+    query rows) over every stored token dequantized (in the model dtype, the exact sink
+    tokens written at their positions) followed by the exact tail; a mask gives each
+    query the keys ``TurboKV``'s rule reads it: the exact copies of the tail tokens
+    within its window, the compressed ones before. The same keys
+    ``blockwise_attention`` reads, in one op instead of several per block of keys.
+    Needs ``dense_prefill_rule``.
 
     ``fused_only``: None where MLX has no fused attention for the call (it would
     materialise every score), so the caller reads the history blockwise instead."""

@@ -7,12 +7,12 @@
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
 // Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
 // VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none); MAX_SINKS comes from the header. `consts` holds the key signs (D), value signs (D),
-// key levels (2^KB where KB > 0), value levels (2^VB) and the softmax scale. `work`
-// holds the slices' rows and their (max, sum); `counters` (one per group) is zero on
-// entry and left zero on exit, so nothing needs filling per call (a fill is one more
-// launch); `previous` (unread) is the layer's last call's output, so MLX runs the
-// calls sharing counters in order.
+// none); MAX_SINKS comes from the header. `consts` holds the key signs (D), value
+// signs (D), key levels (2^KB where KB > 0), value levels (2^VB) and the softmax
+// scale. `work` holds the slices' rows and their (max, sum); `counters` (one per
+// group) is zero on entry and left zero on exit, so nothing needs filling per call (a
+// fill is one more launch); `previous` (unread) is the layer's last call's output, so
+// MLX runs the calls sharing counters in order.
 using namespace turbo;
 constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
 constexpr int R = SHAPE >> 22;

@@ -91,6 +91,7 @@ INPUTS = (
     "counters",
     "previous",
 )
+AT = {name: i for i, name in enumerate(INPUTS)}  # an input's place in a call
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
@@ -219,15 +220,19 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         kv.window or 0,
     )
     inputs = [queries, *plan.inputs]  # the layer's constants and placeholders
-    inputs[3] = stored_keys[0] if stored_keys else inputs[3]
-    inputs[4] = rows
+    if stored_keys:
+        inputs[AT["keys"]] = stored_keys[0]
+    inputs[AT["rows"]] = rows
     if kv.sinks is not None:
-        inputs[5:8] = kv.sinks if B == 1 else [broadcast_rows(a, B) for a in kv.sinks]
+        inputs[AT["sink_keys"] : AT["sink_pos"] + 1] = (
+            kv.sinks if B == 1 else [broadcast_rows(a, B) for a in kv.sinks]
+        )
     if kv.new_keys is not None:
-        inputs[8:10] = kv.new_keys, kv.new_values
+        inputs[AT["tail_keys"]] = kv.new_keys
+        inputs[AT["tail_values"]] = kv.new_values
     if mask_kind == 2:
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-        inputs[10] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
+        inputs[AT["mask"]] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
     if sinks is not None:
         logits = mx.broadcast_to(
             sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L)
@@ -235,8 +240,8 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         shift = codec.score_shift(queries, scale)
         if shift is not None:  # centring moved every score by it; move the sink instead
             logits = logits - shift[..., 0]
-        inputs[11] = mx.contiguous(logits * math.log2(math.e))
-    inputs[13] = layer.previous
+        inputs[AT["sink_logits"]] = mx.contiguous(logits * math.log2(math.e))
+    inputs[AT["previous"]] = layer.previous
     n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
     out, _ = _kernel(WARPS)(
         inputs=inputs,
