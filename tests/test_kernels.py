@@ -491,6 +491,8 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
             assert bool(flag_bits & 64) == (sinks is not None)
-            assert again["inputs"][0] is q and again["inputs"][4] is view.stored[-1]
+            at = decode_attention.AT
+            assert again["inputs"][at["q"]] is q
+            assert again["inputs"][at["rows"]] is view.stored[-1]
             if view.new_keys is not None:
-                assert again["inputs"][8] is view.new_keys
+                assert again["inputs"][at["tail_keys"]] is view.new_keys
