@@ -1,9 +1,11 @@
 """GPU time of each kernel in a chained 8-layer decode step (32 query / 8 KV heads,
-head_dim 128), measured by Nsight Compute (``ncu``, on the PATH), averaged per kernel
-over the launches of a few steps after the caches are filled. ncu serialises the
-launches and fixes the clocks, so compare kernels within one table.
+head_dim 128 unless ``--heads`` says otherwise), measured by Nsight Compute (``ncu``,
+on the PATH), averaged per kernel over the launches of a few steps after the caches
+are filled. ncu serialises the launches and fixes the clocks, so compare kernels
+within one table.
 
     python benchmarks/kernel_times.py --caches fp16 turbo4 --contexts 4096 131072
+        [--heads 9 3 64]  # query heads, KV heads, head dim (SmolLM2's)
 """
 
 import argparse
@@ -16,7 +18,7 @@ from collections import defaultdict
 STEPS, MEASURED_STEPS = 30, 3
 
 
-def decode(name, context):
+def decode(name, context, q_heads, kv_heads, head_dim):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
     import mlx_lm.models.base as mlx_base
@@ -28,24 +30,24 @@ def decode(name, context):
     install_attention_dispatch()
     make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
     caches = [make() for _ in range(8)]
-    kv = mx.random.normal((1, 8, context, 128)).astype(mx.float16)
+    kv = mx.random.normal((1, kv_heads, context, head_dim)).astype(mx.float16)
     for c in caches:
         c.update_and_fetch(kv, kv)
         mx.eval([a for a in c.state if isinstance(a, mx.array)])
-    token = mx.random.normal((1, 8, 1, 128)).astype(mx.float16)
-    query = mx.random.normal((1, 32, 1, 128)).astype(mx.float16)
+    token = mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16)
+    query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(token, query)
     for _ in range(STEPS):
         x = query
         for c in caches:
             keys, values = c.update_and_fetch(token, token)
             x = mlx_base.scaled_dot_product_attention(
-                x, keys, values, cache=c, scale=128**-0.5, mask=None
+                x, keys, values, cache=c, scale=head_dim**-0.5, mask=None
             )
         mx.eval(x)
 
 
-def measure(name, context):
+def measure(name, context, heads):
     # launches per step: fp16 two cache copies, attention and cuDNN's reduction per
     # layer; turbo the encode kernel, one cache copy and the attention kernel
     per_step = 8 * (4 if name == "fp16" else 3)
@@ -63,6 +65,7 @@ def measure(name, context):
         "--run",
         name,
         str(context),
+        *map(str, heads),
     ]
     text = subprocess.run(command, capture_output=True, text=True).stdout
     rows = [r for r in csv.reader(io.StringIO(text)) if len(r) > 5]
@@ -84,16 +87,24 @@ def main():
     )
     parser.add_argument("--caches", nargs="+", default=["fp16", "turbo4"])
     parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 131072])
-    parser.add_argument("--run", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--heads",
+        type=int,
+        nargs=3,
+        default=[32, 8, 128],
+        metavar=("Q", "KV", "D"),
+        help="query heads, KV heads, head dim",
+    )
+    parser.add_argument("--run", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        return decode(args.run[0], int(args.run[1]))
+        return decode(args.run[0], *map(int, args.run[1:]))
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
     for context in args.contexts:
         for name in args.caches:
             for kernel, per_step, micros in sorted(
-                measure(name, context), key=lambda row: -row[1] * row[2]
+                measure(name, context, args.heads), key=lambda row: -row[1] * row[2]
             ):
                 print(
                     f"| {name} | {context} | {kernel} | {per_step:.0f} | {micros:.1f} |",

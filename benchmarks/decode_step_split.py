@@ -1,0 +1,121 @@
+"""Where a real model's decode step goes: the host's graph building against the whole step.
+
+For each cache, a book slice of ``--context`` tokens is prefilled, then decode steps
+run three ways, side by side in one run:
+
+- build: host microseconds to build one step's graph (the model's Python, the caches'
+  updates, every op's graph node; nothing evaluated);
+- one step: ms per step evaluated alone (build, the host's scheduling and the GPU's
+  work in series);
+- pipelined: ms per step as mlx_lm.generate runs decode (the next step's graph built
+  and queued while this one runs): max(host, GPU) when they overlap.
+
+Where build is most of a pipelined step the host bounds decode speed; where the
+pipelined step is much longer than the build, the GPU (or the host's scheduling in
+``mx.eval``) does. Step times on MLX-CUDA move by a fifth between runs of one process,
+so the caches take turns for ``--rounds`` rounds (each a fresh cache and prefill) and
+the table gives medians.
+
+    python benchmarks/decode_step_split.py --model PATH [--context 8000] [--steps 64]
+        [--caches fp16 turbo4 turbo2] [--rounds 5] [--out results.md]
+"""
+
+import argparse
+import datetime
+import gc
+import platform
+import statistics
+import subprocess
+import time
+
+import mlx.core as mx
+from mlx_lm.utils import load
+
+from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP
+from mlx_lm_turbo.tools.bench import CacheKind, book_tokens
+
+
+def decode_split(model, kind, tokens, context, steps):
+    """(build seconds per step, one-step seconds, pipelined seconds) for one cache."""
+    gc.collect()
+    mx.clear_cache()
+    cache = kind.make(model)
+    model(tokens[None, :context], cache=cache)
+    mx.eval([c.state for c in cache])
+    inputs = [tokens[None, context + i : context + i + 1] for i in range(2 * steps + 2)]
+
+    def build(x):
+        start = time.perf_counter()
+        logits = model(x, cache=cache)
+        return logits, time.perf_counter() - start
+
+    mx.eval(build(inputs[0])[0])  # warm-up: compile at this shape
+    building = 0.0
+    start = time.perf_counter()
+    for x in inputs[1 : steps + 1]:
+        logits, built = build(x)
+        building += built
+        mx.eval(logits)
+    one_step = (time.perf_counter() - start) / steps
+    start = time.perf_counter()
+    running = None
+    for x in inputs[steps + 1 : 2 * steps + 1]:
+        queued, _ = build(x)
+        mx.async_eval(queued)
+        if running is not None:
+            mx.eval(running)
+        running = queued
+    mx.eval(running)
+    pipelined = (time.perf_counter() - start) / steps
+    return building / steps, one_step, pipelined
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="an mlx-lm model directory")
+    parser.add_argument("--context", type=int, default=8000)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--caches", nargs="+", default=["fp16", "turbo4", "turbo2"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
+    parser.add_argument("--out", help="also write the table to this file")
+    args = parser.parse_args()
+    model, tokenizer = load(args.model)
+    tokens = book_tokens(tokenizer, args.context + 2 * args.steps + 3)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        f"{datetime.date.today()}, {mx.default_device()} on {platform.node()}, "
+        f"commit {commit or 'unknown'}, MLX {mx.__version__}; {args.model}, "
+        f"{args.context}-token prompt, {args.steps} steps, medians of {args.rounds} "
+        "rounds",
+        "",
+        "| cache | build us/step | one step ms | pipelined ms | pipelined vs fp16 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    print("\n".join(lines), flush=True)
+    kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
+    runs = {kind.name: [] for kind in kinds}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            runs[kind.name].append(
+                decode_split(model, kind, tokens, args.context, args.steps)
+            )
+    reference = None
+    for kind in kinds:
+        build, one_step, pipelined = map(statistics.median, zip(*runs[kind.name]))
+        reference = reference or pipelined
+        line = (
+            f"| {kind.name} | {build * 1e6:.0f} | {one_step * 1e3:.3f} | "
+            f"{pipelined * 1e3:.3f} | {reference / pipelined:.2f}x |"
+        )
+        lines.append(line)
+        print(line, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
