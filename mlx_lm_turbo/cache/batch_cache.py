@@ -425,11 +425,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
                 ]
             self.stored = tuple(grown)
         for s, a in zip(self.stored, stored):
-            s[..., prev : prev + n, :] = a
+            s[:, :, prev : prev + n] = a
         self.offset = self.offset + n
         self._idx += n
         # Sliced after storing, so the store writes in place (see TurboQuantKVCache).
-        attended = tuple(a[..., : self._idx, :] for a in self.stored)
+        attended = tuple(a[:, :, : self._idx] for a in self.stored)
         view = TurboKV(
             self.codec,
             attended,

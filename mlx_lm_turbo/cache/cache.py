@@ -323,8 +323,11 @@ class _TurboCache:
         """Keep the K/V of a chunk's tokens (the first at position ``start``) that are
         among the first ``sink_tokens`` and not kept yet. None past a gap: a sliding
         window lets its sinks go once no query can see them (after measuring them)."""
-        skip = self._sink_count() - start
-        take = min(self.sink_tokens - self._sink_count(), keys.shape[2] - skip)
+        count = self._sink_count()
+        if count == self.sink_tokens:  # all kept: every decode step after the first few
+            return
+        skip = count - start
+        take = min(self.sink_tokens - count, keys.shape[2] - skip)
         if skip < 0 or take <= 0:
             return
         # Copies: a slice would keep the whole chunk's K/V alive with it.
@@ -509,7 +512,7 @@ class _TurboCache:
         """The stored arrays without unused capacity."""
         if self.stored is None or self.offset >= self.stored[0].shape[2]:
             return self.stored
-        return tuple(a[..., : self.offset, :] for a in self.stored)
+        return tuple(a[:, :, : self.offset] for a in self.stored)
 
     @staticmethod
     def _empty_like(arrays, tokens):
@@ -590,7 +593,7 @@ class TurboQuantKVCache(_TurboCache):
                 ]
             self.stored = tuple(grown)
         for s, a in zip(self.stored, new):
-            s[..., prev : prev + n, :] = a
+            s[:, :, prev : prev + n] = a
         self.offset += n
 
     def _update_compressed(self, stored, exact_keys, exact_values):
@@ -715,7 +718,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
         if self._idx == self.max_size:
             self._idx = self.keep
         for s, a in zip(self.stored, new):
-            s[..., self._idx : self._idx + n, :] = a
+            s[:, :, self._idx : self._idx + n] = a
         self.offset += n
         self._idx += n
         return self._stored_slice()

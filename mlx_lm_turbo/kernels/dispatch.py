@@ -18,7 +18,14 @@ HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified f
 
 
 def kernel_mode() -> str:
-    value = os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto"
+    # Read at every call (tests and users may change it), parsed once per value:
+    # a decode step asks twice per layer.
+    return _mode(os.environ.get(KERNEL_ENV, "auto"))
+
+
+@lru_cache(maxsize=None)
+def _mode(raw: str) -> str:
+    value = raw.strip().lower() or "auto"
     if value not in KERNEL_MODES:
         raise ValueError(
             f"{KERNEL_ENV}={value!r} is not one of {', '.join(KERNEL_MODES)}."
@@ -37,6 +44,11 @@ def gpu_backend():
 
 def layer_support(key_dim, value_dim) -> "str | None":
     """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
+    return _layer_support(mx.default_device(), key_dim, value_dim)
+
+
+@lru_cache(maxsize=None)
+def _layer_support(device, key_dim, value_dim):
     backend = gpu_backend()
     if backend is None:
         return "MLX runs on the CPU here (the kernels are for MLX's CUDA backend)"
