@@ -75,9 +75,17 @@ def attention_variants():
         (0, 1, 2),
     ):
         R = min(G * L, 1024 // D)
-        flag_bits = flags(mask, True, D == 128, True, G == 4, D == 64)
+        # a decode token's own encoding in the launch (one token, quantized keys)
+        raw_tail = L == 1 and KB > 0 and mask != 2
+        flag_bits = flags(
+            mask, True, D == 128, True, G == 4, D == 64, raw_tail, raw_tail and D != 128
+        )
         window = 0 if L == 1 else 1
-        yield dtype, template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits)
+        yield (
+            dtype,
+            raw_tail,
+            template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits),
+        )
 
 
 def main():
@@ -106,7 +114,7 @@ def main():
         if args.variants is not None
         else variants[:: args.every]
     )
-    for dtype, template in chosen:
+    for dtype, raw_tail, template in chosen:
         types = {
             "q": dtype,
             "keys": dtype,
@@ -120,16 +128,20 @@ def main():
             "tail_values": dtype,
             "mask": "bool",
         }
-        inputs = [(n, types.get(n, "float32")) for n in decode_attention.INPUTS]
+        names = (
+            decode_attention.RAW_TAIL_INPUTS if raw_tail else decode_attention.INPUTS
+        )
         units.append(
             wrap(
                 "attention",
                 attention_body,
                 decode_attention.launch_bounds(4)
                 + decode_attention.HEADER_CONSTANTS
+                + ("" if raw_tail else decode_attention.NO_RAW_TAIL)
                 + header,
-                inputs,
-                [("out", dtype), ("work", "float32")],
+                [(n, types.get(n, "float32")) for n in names],
+                [("out", dtype), ("work", "float32")]
+                + ([("new_rows", "uint32")] if raw_tail else []),
                 template,
             )
         )

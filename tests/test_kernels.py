@@ -25,6 +25,7 @@ from mlx_lm_turbo.cache.attention import (
 from mlx_lm_turbo.kernels import (
     KERNEL_ENV,
     KernelUnavailableError,
+    fused_decode_and_encode,
     fused_decode_attention,
     fused_encode,
     kernel_mode,
@@ -320,7 +321,8 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
     cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
     monkeypatch.setenv(KERNEL_ENV, "auto")
     q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
-    assert fused_decode_attention(q, view, 0.1, mask) is not None
+    assert view.pending is cache  # encoded in the launch
+    assert fused_decode_and_encode(q, view, 0.1, mask) is not None
     q, view, mask = step_inputs(cache, 16, 2, 4, 128, mx.float16)
     assert fused_decode_attention(q, view, 0.1, mask) is None
 
@@ -392,7 +394,9 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "auto")
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
     q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
-    assert fused_decode_attention(q, view, 0.125, mask, 3 * mx.ones((4,))) is not None
+    assert view.pending is plain  # its encoding left to the attention launch
+    step = fused_decode_and_encode(q, view, 0.125, mask, 3 * mx.ones((4,)))
+    assert step is not None
     ring = filled_cache(
         TurboQuantRotatingKVCache("turbo4", max_size=32), 60, 2, 64, mx.float16
     )
@@ -450,7 +454,9 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
             for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
         ]
 
-    monkeypatch.setattr(decode_attention, "_kernel", lambda warps: kernel)
+    monkeypatch.setattr(
+        decode_attention, "_kernel", lambda warps, raw_tail=False: kernel
+    )
     monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
     caches = [
         TurboQuantKVCache("turbo4"),
@@ -496,3 +502,182 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
             assert again["inputs"][at["rows"]] is view.stored[-1]
             if view.new_keys is not None:
                 assert again["inputs"][at["tail_keys"]] is view.new_keys
+
+
+# -- a decode token encoded in its attention launch ------------------------------
+def emulated_launch(calls):
+    """``fused_decode_and_encode`` by the portable path (runs anywhere): the token's
+    row and exact copies from the codec, attention over the plain view."""
+    from mlx_lm_turbo.cache.attention import blockwise_attention
+    from mlx_lm_turbo.cache.view import TurboKV
+
+    def launch(queries, kv, scale, mask, sinks=None):
+        calls.append(kv)
+        (rows,), exact_keys, exact_values = kv.codec.encode(kv.new_keys, kv.new_values)
+        plain = TurboKV(
+            kv.codec, kv.stored, exact_keys, exact_values, kv.sinks, kv.window
+        )
+        return blockwise_attention(queries, plain, scale, mask, sinks), rows
+
+    return launch
+
+
+def decode_steps(cache, steps, H=2, G=2, D=64, seed=30):
+    """A model's decode steps through mlx-lm's attention: the outputs."""
+    from mlx_lm.models import base
+
+    outputs = []
+    for step in range(steps):
+        q, k, v = (
+            mx.random.normal((1, H * n, 1, D), key=mx.random.key(seed + 3 * step + i))
+            for i, n in enumerate((G, 1, 1))
+        )
+        keys, values = cache.update_and_fetch(k, v)
+        outputs.append(
+            base.scaled_dot_product_attention(
+                q, keys, values, cache=cache, scale=D**-0.5, mask=None
+            )
+        )
+    return outputs
+
+
+@pytest.fixture
+def launch_anywhere(monkeypatch):
+    """Caches defer their decode tokens and attention takes them to an emulated launch;
+    everything else on the portable path (so on a GPU too both sides compute alike)."""
+    import mlx_lm_turbo.cache.attention as attention
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setenv(KERNEL_ENV, "off")
+    calls = []
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    monkeypatch.setattr(attention, "fused_decode_and_encode", emulated_launch(calls))
+    return calls
+
+
+def states_equal(a, b):
+    for x, y in zip(a.state[1:], b.state[1:]):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert mx.array_equal(x, y).item()
+
+
+@pytest.mark.parametrize("calibration", ["center", "center+scale"])
+def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
+    monkeypatch, launch_anywhere, calibration
+):
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    deferred = TurboQuantKVCache("turbo4", key_calibration=calibration)
+    plain = TurboQuantKVCache("turbo4", key_calibration=calibration)
+    for cache in (deferred, plain):
+        filled_cache(cache, 40, 2, 64, mx.float32)
+    out = decode_steps(deferred, 5)
+    assert len(launch_anywhere) == 5  # every step went to the launch
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    reference = decode_steps(plain, 5)
+    for a, b in zip(out, reference):
+        assert mx.allclose(a, b, rtol=1e-5, atol=1e-6).item()
+    states_equal(deferred, plain)
+
+
+def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
+    monkeypatch, launch_anywhere
+):
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    deferred = filled_cache(TurboQuantKVCache("turbo3"), 40, 2, 64, mx.float32)
+    k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
+    view, _ = deferred.update_and_fetch(k, v)
+    assert view.pending is deferred and deferred.offset == 41
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    plain = filled_cache(TurboQuantKVCache("turbo3"), 40, 2, 64, mx.float32)
+    plain_view, _ = plain.update_and_fetch(k, v)
+    states_equal(deferred, plain)  # no attention call: state encodes it
+    assert view.pending is None  # and the view is a plain one now
+    assert mx.array_equal(view.new_keys, plain_view.new_keys).item()
+    assert deferred.trim(1) == plain.trim(1) == 1
+    states_equal(deferred, plain)
+
+
+def test_a_launch_that_declines_leaves_the_token_to_the_cache(
+    monkeypatch, launch_anywhere
+):
+    import mlx_lm_turbo.cache.attention as attention
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setattr(attention, "fused_decode_and_encode", lambda *a, **k: None)
+    deferred = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    out = decode_steps(deferred, 3)
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    for a, b in zip(out, decode_steps(plain, 3)):
+        assert mx.array_equal(a, b).item()
+    states_equal(deferred, plain)
+
+
+def test_a_view_attended_twice_gives_the_same_output(monkeypatch, launch_anywhere):
+    from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
+    q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(3))
+    view, _ = cache.update_and_fetch(k, v)
+    first = turbo_scaled_dot_product_attention(q, view, 0.125, None)
+    assert len(launch_anywhere) == 1 and not cache.defers(view)
+    again = turbo_scaled_dot_product_attention(q, view, 0.125, None)
+    assert view.pending is None  # its exact copies made for the second call
+    assert mx.allclose(first, again, rtol=1e-5, atol=1e-6).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scheme, calibration, D, dtype",
+    [
+        ("turbo4", "center", 128, mx.float16),
+        ("turbo3", "center+scale", 64, mx.float16),
+        ("turbo2", "none", 256, mx.bfloat16),
+        ("turbo8", "center", 64, mx.float32),
+        ("turbo4v2", "center", 128, mx.bfloat16),
+    ],
+)
+def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
+    monkeypatch, scheme, calibration, D, dtype
+):
+    # Same bits as the encode kernel (so a prompt's output does not depend on which
+    # of them encoded its last token), same output as the plain launch.
+    from mlx_lm_turbo.cache.view import TurboKV
+
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    cache = filled_cache(
+        TurboQuantKVCache(scheme, key_calibration=calibration), 600, 4, D, dtype
+    )
+    q, view, mask = step_inputs(cache, 1, 4, 3, D, dtype)
+    assert view.pending is cache
+    out, rows = fused_decode_and_encode(q, view, D**-0.5, mask)
+    (encoded,), exact_keys, exact_values = fused_encode(
+        view.codec, view.new_keys, view.new_values
+    )
+    assert mx.array_equal(rows, encoded).item()
+    plain = TurboKV(
+        view.codec, view.stored, exact_keys, exact_values, view.sinks, view.window
+    )
+    reference = fused_decode_attention(q, plain, D**-0.5, mask)
+    assert relative_error(out, reference) < 1e-6
+    cache.store_row(view, rows)
+    assert mx.array_equal(cache._stored_slice()[-1][:, :, -1:], encoded).item()
+
+
+@pytest.mark.gpu
+def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeypatch):
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    one = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float16)
+    two = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float16)
+    out = decode_steps(one, 4, D=128)
+    assert one._deferred is None  # each launch stored its token's row
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    for a, b in zip(out, decode_steps(two, 4, D=128)):
+        assert relative_error(a, b) < 1e-6
+    states_equal(one, two)

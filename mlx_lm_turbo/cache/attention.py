@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from ..codec.codec import dequantize_rotated, split_rows
 from ..compat import check_mlx_lm_version
-from ..kernels import fused_decode_attention
+from ..kernels import fused_decode_and_encode, fused_decode_attention
 from ..kernels.dispatch import gpu_backend
 from .view import TurboKV
 
@@ -63,6 +63,16 @@ def turbo_scaled_dot_product_attention(
     mask: Union[None, str, mx.array],
     sinks: Optional[mx.array] = None,
 ) -> mx.array:
+    if (
+        kv.pending is not None
+    ):  # a decode token its cache left for this launch to encode
+        if kv.pending.defers(kv):
+            step = fused_decode_and_encode(queries, kv, scale, mask, sinks)
+            if step is not None:
+                out, rows = step
+                kv.pending.store_row(kv, rows)
+                return out
+        kv.pending.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
         return fused

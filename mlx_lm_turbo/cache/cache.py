@@ -22,6 +22,7 @@ from ..codec.codec import TurboCodec
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
+from ..kernels.decode_attention import raw_tail_support
 from ..kernels.encode import fused_encode
 from ..settings import DEFAULT_RECENT_EXACT
 from .view import TurboKV
@@ -429,6 +430,7 @@ class _TurboCache:
             self.offset = self.uncompressed.offset
             return n
         self._refuse_trim(n)
+        self.settle()
         n = min(self.offset, n)
         self.offset -= n
         if self._sink_count() > self.offset:
@@ -501,6 +503,7 @@ class _TurboCache:
         raise NotImplementedError
 
     def update_and_fetch(self, keys, values):
+        self.settle()
         if not self._compressing(keys, values):
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset
@@ -508,8 +511,13 @@ class _TurboCache:
         view = self._update_compressed(*self._encode(keys, values, self.offset))
         return view, view
 
+    def settle(self):
+        """Nothing to do but in ``TurboQuantKVCache``, whose decode token may wait for
+        its attention launch to be encoded."""
+
     def _stored_slice(self):
-        """The stored arrays without unused capacity."""
+        """The stored arrays without unused capacity (every token encoded first)."""
+        self.settle()
         if self.stored is None or self.offset >= self.stored[0].shape[2]:
             return self.stored
         return tuple(a[:, :, : self.offset] for a in self.stored)
@@ -567,7 +575,18 @@ class _TurboCache:
 
 
 class TurboQuantKVCache(_TurboCache):
-    """Compressed replacement for mlx-lm's ``KVCache``."""
+    """Compressed replacement for mlx-lm's ``KVCache``.
+
+    A decode token whose layer the fused kernels serve is not encoded here: the view
+    carries it as the model gave it (``TurboKV.pending``) and the attention launch
+    encodes it too, its row stored after the call (``store_row``); on MLX-CUDA each
+    custom call costs the host more than the encoding's GPU time
+    (benchmarks/results/op_costs_h200_2e8918a.md). Anything else that reads the cache
+    first has it encoded as a plain update would (``settle``).
+    """
+
+    # (view, keys, values, position) of the decode token waiting for its launch
+    _deferred = None
 
     def _make_uncompressed(self):
         return KVCache()
@@ -582,19 +601,85 @@ class TurboQuantKVCache(_TurboCache):
     def _store(self, new):
         """Append compressed arrays at ``offset``, growing capacity in steps."""
         prev, n = self.offset, new[0].shape[2]
+        self._reserve(new, n)
+        self._write(new, prev)
+        self.offset += n
+
+    def _reserve(self, like, n):
+        """Capacity for ``n`` more tokens after ``offset`` (arrays shaped like ``like``)."""
+        prev = self.offset
         capacity = self.stored[0].shape[2] if self.stored is not None else 0
         if prev + n > capacity:
             n_steps = (self.step + n - 1) // self.step
-            grown = self._empty_like(new, n_steps * self.step)
+            grown = self._empty_like(like, n_steps * self.step)
             if self.stored is not None:
                 grown = [
                     mx.concatenate([s[..., :prev, :], g], axis=2)
                     for s, g in zip(self.stored, grown)
                 ]
             self.stored = tuple(grown)
+
+    def _write(self, new, position):
         for s, a in zip(self.stored, new):
-            s[:, :, prev : prev + n] = a
-        self.offset += n
+            s[:, :, position : position + a.shape[2]] = a
+
+    def update_and_fetch(self, keys, values):
+        self.settle()
+        if self._defers(keys) and self._compressing(keys, values):
+            # Counted now, its slot left empty (zeros) until its row comes back.
+            position = self.offset
+            self._reserve(self.stored, 1)
+            self.offset += 1
+            view = self._view(self._stored_slice(), keys, values)
+            view.pending = self
+            self._deferred = (view, keys, values, position)
+            return view, view
+        return super().update_and_fetch(keys, values)
+
+    def _defers(self, keys):
+        """Whether this token's encoding waits for its attention launch: one token, all
+        sink tokens kept and measured (nothing else reads it before attention), each
+        query reading only itself exactly, and a kernel that encodes it."""
+        return (
+            self.codec is not None
+            and self.stored is not None
+            and isinstance(keys, mx.array)
+            and keys.ndim == 4
+            and keys.shape[2] == 1
+            and self.recent_exact == 1
+            and self._sink_count() == self.sink_tokens
+            and raw_tail_support(self.codec)
+        )
+
+    def defers(self, view) -> bool:
+        """Whether ``view``'s token still waits for its launch to be encoded."""
+        return self._deferred is not None and self._deferred[0] is view
+
+    def store_row(self, view, rows):
+        """Store the row the attention launch encoded for ``view``'s token."""
+        if not self.defers(view):
+            raise RuntimeError("This view's token is no longer waiting for its row.")
+        position = self._deferred[3]
+        self._deferred = None
+        self._write((rows,), position)
+
+    def settle(self, view=None):
+        """Encode the waiting token as a plain update does and make its view a plain
+        one; ``view``: a view whose token was stored by its launch already, attended
+        again (its exact copies are made now)."""
+        if self._deferred is not None and (view is None or self.defers(view)):
+            view, keys, values, position = self._deferred
+            self._deferred = None
+            stored, exact_keys, exact_values = encode(self.codec, keys, values)
+            self._write(stored, position)
+            view.stored = self._stored_slice()[: len(view.stored)]
+        elif view is not None and view.pending is self:
+            _, exact_keys, exact_values = encode(
+                self.codec, view.new_keys, view.new_values
+            )
+        else:
+            return
+        view.new_keys, view.new_values, view.pending = exact_keys, exact_values, None
 
     def _update_compressed(self, stored, exact_keys, exact_values):
         self._store(stored)

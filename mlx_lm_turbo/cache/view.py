@@ -17,16 +17,38 @@ class TurboKV:
     t >= T - n_exact and t > p_i - window (window None = no limit: the whole
     exact tail); otherwise from the compressed store.
     Models pass it through to ``scaled_dot_product_attention`` untouched.
+
+    ``pending``: the cache whose last token (a decode step's) is not encoded yet. Its
+    ``new_keys``/``new_values`` are then as the model gave them, and its slot in
+    ``stored`` holds no row: attention hands the token to the fused kernel, which
+    encodes it in the same launch, or asks the cache to encode it first
+    (``TurboQuantKVCache.settle``), which makes this a plain view.
     """
 
-    __slots__ = ("codec", "stored", "new_keys", "new_values", "sinks", "window")
+    __slots__ = (
+        "codec",
+        "stored",
+        "new_keys",
+        "new_values",
+        "sinks",
+        "window",
+        "pending",
+    )
 
     def __init__(
-        self, codec, stored, new_keys=None, new_values=None, sinks=None, window=None
+        self,
+        codec,
+        stored,
+        new_keys=None,
+        new_values=None,
+        sinks=None,
+        window=None,
+        pending=None,
     ):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
         self.sinks, self.window = sinks, window
+        self.pending = pending
 
     @property
     def shape(self):

@@ -4,17 +4,19 @@
   ``codec.TurboCodec.encode``).
 - ``decode_attention``: attention of 1-8 query tokens over a compressed cache,
   reading the packed codes directly (reference: the portable path of
-  ``attention.turbo_scaled_dot_product_attention``).
+  ``attention.turbo_scaled_dot_product_attention``); at decode it also encodes the
+  new token in the same launch (reference: ``encode``).
 - ``dispatch``: where each runs, and ``MLX_LM_TURBO_KERNEL``.
 """
 
-from .decode_attention import fused_decode_attention
+from .decode_attention import fused_decode_and_encode, fused_decode_attention
 from .dispatch import KERNEL_ENV, KernelUnavailableError, kernel_mode, layer_support
 from .encode import fused_encode
 
 __all__ = [
     "KERNEL_ENV",
     "KernelUnavailableError",
+    "fused_decode_and_encode",
     "fused_decode_attention",
     "fused_encode",
     "kernel_mode",

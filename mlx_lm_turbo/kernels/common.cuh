@@ -1,4 +1,4 @@
-// Helpers shared by the kernels (decode_attention_*.cu, encode.cu).
+// Helpers shared by the kernels (decode_attention.cu, encode.cu).
 // Included through mx.fast.cuda_kernel's `header`, inside no namespace.
 
 namespace turbo {
@@ -137,6 +137,76 @@ __device__ __forceinline__ void hadamard_rows(float* x, int rows) {
     }
     __syncthreads();
   }
+}
+
+// One vector spread over a warp, lane j holding dims [j * D / 32, (j + 1) * D / 32):
+// x <- H (signs * x) / sqrt(D), butterflies inside the lane, then across lanes. Shared
+// by encode.cu and the decode kernel's own encoding of a new token, so both give the
+// same bits.
+template <int D>
+__device__ __forceinline__ void rotate_warp(float (&x)[D / 32], const float* signs, int lane) {
+  constexpr int DPL = D / 32;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
+#pragma unroll
+  for (int s = 1; s < DPL; s <<= 1) {
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      if (!(k & s)) {
+        const float a = x[k], c = x[k + s];
+        x[k] = a + c;
+        x[k + s] = a - c;
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) {
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      const float other = __shfl_xor_sync(FULL_MASK, x[k], s);
+      x[k] = (lane & s) ? other - x[k] : x[k] + other;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] *= rsqrtf(float(D));
+}
+
+// Codes of y / |y| (the number of boundaries below each coordinate, as
+// mx.searchsorted), packed into words[0 .. D * BITS / 32) (shared memory of this warp);
+// returns the corrected norm (codec.TurboCodec.encode's).
+template <int D, int BITS>
+__device__ __forceinline__ float quantize_warp(const float (&y)[D / 32], const float* bounds,
+                                               const float* levels, uint32_t* words, int lane) {
+  constexpr int DPL = D / 32;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) sq += y[k] * y[k];
+  const float norm = sqrtf(warp_sum(sq)), safe_norm = fmaxf(norm, 1e-30f);
+  for (int w = lane; w < D * BITS / 32; w += 32) words[w] = 0u;
+  __syncwarp();
+  float recon_sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) {
+    const float unit = y[k] / safe_norm;
+    int code = 0;
+#pragma unroll
+    for (int step = 1 << (BITS - 1); step > 0; step >>= 1) {
+      if (unit > bounds[code + step - 1]) code += step;
+    }
+    recon_sq += levels[code] * levels[code];
+    const int bit = (lane * DPL + k) * BITS, word = bit >> 5, shift = bit & 31;
+    atomicOr(words + word, uint32_t(code) << shift);
+    if (shift + BITS > 32) atomicOr(words + word + 1, uint32_t(code) >> (32 - shift));
+  }
+  const float recon_norm = sqrtf(warp_sum(recon_sq));
+  __syncwarp();
+  return fminf(norm / fmaxf(recon_norm, 1e-30f), 65504.0f);
+}
+
+// A norms word: the key norm (fp16) in the low half, the value norm in the high half.
+__device__ __forceinline__ uint32_t norms_word(float k_norm, float v_norm) {
+  return uint32_t(__half_as_ushort(__float2half(k_norm))) |
+         (uint32_t(__half_as_ushort(__float2half(v_norm))) << 16);
 }
 
 }  // namespace turbo

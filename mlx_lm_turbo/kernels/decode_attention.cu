@@ -8,8 +8,12 @@
 // Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
 // VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
 // none); MAX_SINKS comes from the header. `consts` holds the key signs (D), value
-// signs (D), key levels (2^KB where KB > 0), value levels (2^VB) and the softmax
-// scale. `work` holds the slices' rows and their (max, sum); `counters` (one per
+// signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
+// key boundaries (2^KB - 1) and value boundaries (2^VB - 1). A raw tail (RAW_TAIL: one
+// decode token, its key and value as the model gave them) is encoded here as encode.cu
+// encodes it (same code, common.cuh): the exact blocks read it rotated from shared
+// memory, the head's first exact block writes its packed row to `new_rows`, which the
+// cache stores after the call (one launch a decode layer instead of two). `work` holds the slices' rows and their (max, sum); `counters` (one per
 // group) is zero on entry and left zero on exit, so nothing needs filling per call (a
 // fill is one more launch); `previous` (unread) is the layer's last call's output, so
 // MLX runs the calls sharing counters in order.
@@ -21,11 +25,14 @@ constexpr int FLAGS = CODE >> 13;
 constexpr int MASK_KIND = FLAGS & 3;  // 0 none, 1 causal, 2 an array
 constexpr bool MASK_BOOL = FLAGS & 4, HAS_KSCALE = FLAGS & 8, HAS_TAIL = FLAGS & 16;
 constexpr bool HAS_SINK_TOKENS = FLAGS & 32, HAS_SINKS = FLAGS & 64;  // HAS_SINKS: logits
+constexpr bool RAW_TAIL = FLAGS & 128, HAS_KMEAN = FLAGS & 256;
 const float* k_signs = consts;
 const float* v_signs = consts + D;
 const float* k_levels_in = consts + 2 * D;
 const float* v_levels_in = k_levels_in + (KB > 0 ? 1 << KB : 0);
 const float* scale = v_levels_in + (1 << VB);
+const float* k_bounds = scale + 1;
+const float* v_bounds = k_bounds + (KB > 0 ? (1 << KB) - 1 : 0);
 constexpr int DPL = D / 32;  // dims per lane when accumulating values
 constexpr int THREADS = NW * 32;
 constexpr int ROWS = G * L;  // query rows per KV head
@@ -236,8 +243,11 @@ auto mask_term = [&](int t, int r) -> float {
 auto exact_token = [&](int item) {
   return item < n_sinks ? sink_list[item] : n_tokens - n_exact + (item - n_sinks);
 };
+// A raw tail's one token: its key (dims 0..D-1) and value (D..2D-1), rotated here.
+__shared__ __align__(16) T raw_tail[RAW_TAIL ? 2 * D : 1];
 auto exact_row = [&](int item, auto* sink_arr, const auto& sink_strides, auto* tail_arr,
-                     const auto& tail_strides) {
+                     const auto& tail_strides, const T* raw) {
+  if (RAW_TAIL && item >= n_sinks) return raw;
   return item < n_sinks
              ? sink_arr + b * sink_strides[0] + h * sink_strides[1] + item * sink_strides[2]
              : tail_arr + b * tail_strides[0] + h * tail_strides[1] +
@@ -382,7 +392,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       const T* row;
       if constexpr (EXACT) {
         t = exact_token(item);
-        row = exact_row(item, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides);
+        row = exact_row(item, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides,
+                        raw_tail);
       } else {
         row = k_exact + k_base + int64_t(t) * keys_strides[2];
       }
@@ -536,7 +547,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       float v[DPL];
       if constexpr (EXACT) {
         const T* row = exact_row(first + jj, sink_values, sink_values_strides, tail_values,
-                                 tail_values_strides);
+                                 tail_values_strides, raw_tail + (RAW_TAIL ? D : 0));
 #pragma unroll
         for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
       } else {
@@ -581,6 +592,45 @@ auto store_rows = [&](auto mma_tag, auto& acc) {
     }
   }
 };
+// -- a raw tail: one warp of each exact block rotates and calibrates the token's key and
+// value (keys first scaled by the key statistics, as encode.cu); the head's first block
+// also writes its packed row.
+if constexpr (RAW_TAIL && KB > 0) {
+  __shared__ uint32_t raw_words[KW + VW];
+  if (split == n_splits && warp == 0) {
+    float v[DPL], x[DPL];
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      const int d = lane * DPL + k;
+      v[k] = to_float(tail_values[b * tail_values_strides[0] + h * tail_values_strides[1] +
+                                  d * tail_values_strides[3]]);
+      x[k] = to_float(tail_keys[b * tail_keys_strides[0] + h * tail_keys_strides[1] +
+                                d * tail_keys_strides[3]]);
+      if constexpr (HAS_KMEAN) {
+        x[k] -= kmean[b * kmean_strides[0] + h * kmean_strides[1] + d * kmean_strides[2]];
+      }
+      if constexpr (HAS_KSCALE) {
+        x[k] /= kscale[b * kscale_strides[0] + h * kscale_strides[1] + d * kscale_strides[2]];
+      }
+    }
+    rotate_warp<D>(v, v_signs, lane);
+    const float v_norm = quantize_warp<D, VB>(v, v_bounds, v_levels_in, raw_words + KW, lane);
+    rotate_warp<D>(x, k_signs, lane);
+    const float k_norm = quantize_warp<D, KB>(x, k_bounds, k_levels_in, raw_words, lane);
+#pragma unroll
+    for (int k = 0; k < DPL; ++k) {
+      raw_tail[lane * DPL + k] = from_float<T>(x[k]);
+      raw_tail[D + lane * DPL + k] = from_float<T>(v[k]);
+    }
+    __syncwarp();
+    if (rg == 0) {
+      uint32_t* row = new_rows + (int64_t(b) * n_kv_heads + h) * RW;
+      for (int w = lane; w < KW + VW; w += 32) row[w] = raw_words[w];
+      if (lane == 0) row[KW + VW] = norms_word(k_norm, v_norm);
+    }
+  }
+  __syncthreads();
+}
 if (HAS_EXACT && split == n_splits) {
   float acc[R][DPL] = {};
   const int n_items = n_sinks + n_exact;
@@ -590,7 +640,9 @@ if (HAS_EXACT && split == n_splits) {
   store_rows(Int<0>{}, acc);
 } else {
   float acc[VALUE_MMA ? D / 16 : R][VALUE_MMA ? 4 : DPL] = {};
-  const int start = split * split_len, end = min(n_tokens, start + split_len);
+  // a raw tail's row is not stored yet: its slot in `rows` is read by no one
+  const int n_stored = RAW_TAIL ? n_tokens - L : n_tokens;
+  const int start = split * split_len, end = min(n_stored, start + split_len);
   int first = start + warp * 32;
   if (first < end) stage_tile(stage_buffer(0), first, end);
   for (int k = 0; first < end; ++k, first += THREADS) {

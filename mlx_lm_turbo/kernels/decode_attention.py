@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 
-from ..codec.codebooks import codebook
+from ..codec.codebooks import boundaries, codebook
 from .dispatch import broadcast_rows, placeholder, source, use_kernel
 
 MAX_QUERIES = (
@@ -66,10 +66,39 @@ def _call_support(queries, kv, mask):
 
 
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
-    """The fused kernel's output for this call, or None where the portable path runs."""
-    if not use_kernel(kv.codec) or _call_support(queries, kv, mask) is not None:
+    """The fused kernel's output for this call, or None where the portable path runs
+    (or the view's new token is not encoded yet: ``fused_decode_and_encode``)."""
+    if (
+        kv.pending is not None
+        or not use_kernel(kv.codec)
+        or _call_support(queries, kv, mask) is not None
+    ):
         return None
-    return _cuda_decode_attention(queries, kv, scale, mask, sinks)
+    return _cuda_decode_attention(queries, kv, scale, mask, sinks)[0]
+
+
+def raw_tail_support(codec) -> bool:
+    """Whether a decode token of this codec's layer may reach the kernel as the model gave
+    it (``fused_decode_and_encode``): the kernels serve the layer and its keys are
+    quantized (turbo0vN keeps them as they are, in an array of their own)."""
+    return codec.scheme.key_bits > 0 and use_kernel(codec)
+
+
+def fused_decode_and_encode(queries, kv, scale, mask, sinks=None):
+    """(attention output, the new token's packed row (B, H, 1, row words)) from one
+    launch, for a view whose one-token tail is as the model gave it (``kv.pending``);
+    None where the kernel does not take the call (the cache then encodes it as usual)."""
+    if (
+        queries.shape[2] != 1
+        or kv.new_keys.shape[2] != 1
+        or not raw_tail_support(kv.codec)
+        or _call_support(queries, kv, mask) is not None
+    ):
+        return None
+    out, _, rows = _cuda_decode_attention(
+        queries, kv, scale, mask, sinks, raw_tail=True
+    )
+    return out, rows
 
 
 # A call's host cost grows with its inputs and template values
@@ -92,7 +121,16 @@ INPUTS = (
     "previous",
 )
 AT = {name: i for i, name in enumerate(INPUTS)}  # an input's place in a call
+# A raw tail's calls also take the key mean and write the new token's row; the other
+# calls' kernel has neither, so the source's names for them are declared empty.
+RAW_TAIL_INPUTS = (*INPUTS, "kmean")
+AT["kmean"] = len(INPUTS)
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
+NO_RAW_TAIL = (
+    "__device__ const float* const kmean = nullptr;\n"
+    "__device__ constexpr int64_t kmean_strides[3] = {0, 0, 0};\n"
+    "__device__ uint32_t* const new_rows = nullptr;\n"
+)
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
 # 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
@@ -111,10 +149,13 @@ def launch_bounds(warps):
     )
 
 
-def flags(mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits):
+def flags(
+    mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits, raw_tail=0, kmean=0
+):
     """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
     0-1, then whether the mask is bool, the keys have a calibration scale, an exact
-    tail, sink tokens, attention-sink logits (the kernel's MASK_KIND ... HAS_SINKS)."""
+    tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean
+    (the kernel's MASK_KIND ... HAS_KMEAN)."""
     return (
         mask_kind
         | mask_bool << 2
@@ -122,17 +163,22 @@ def flags(mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits):
         | tail << 4
         | sink_tokens << 5
         | sink_logits << 6
+        | raw_tail << 7
+        | kmean << 8
     )
 
 
 @lru_cache(maxsize=None)
-def _kernel(warps):
+def _kernel(warps, raw_tail=False):
     return mx.fast.cuda_kernel(
-        name="turbo_decode_attention",
-        input_names=list(INPUTS),
-        output_names=["out", "work"],
+        name="turbo_decode_step" if raw_tail else "turbo_decode_attention",
+        input_names=list(RAW_TAIL_INPUTS if raw_tail else INPUTS),
+        output_names=["out", "work", "new_rows"] if raw_tail else ["out", "work"],
         source=source("decode_attention.cu"),
-        header=launch_bounds(warps) + HEADER_CONSTANTS + source("common.cuh"),
+        header=launch_bounds(warps)
+        + HEADER_CONSTANTS
+        + ("" if raw_tail else NO_RAW_TAIL)
+        + source("common.cuh"),
         ensure_row_contiguous=False,
     )
 
@@ -170,13 +216,15 @@ class _Layer:
     def constants(self, codec, scale):
         if self.scale != scale:
             D = codec.value_dim
-            key_bits = codec.scheme.key_bits
+            key_bits, value_bits = codec.scheme.key_bits, codec.scheme.value_bits
             parts = [
                 codec.key_rotation.signs if key_bits else mx.zeros((D,), mx.float32),
                 codec.value_rotation.signs,
                 *([codebook(D, key_bits)] if key_bits else []),
-                codebook(D, codec.scheme.value_bits),
+                codebook(D, value_bits),
                 mx.array([scale], mx.float32),
+                *([boundaries(D, key_bits)] if key_bits else []),
+                boundaries(D, value_bits),  # for a raw tail's encoding
             ]
             self.consts = mx.concatenate(parts)
             mx.eval(self.consts)
@@ -193,7 +241,7 @@ class _Layer:
 _LAYERS = weakref.WeakKeyDictionary()  # codec -> _Layer
 
 
-def _cuda_decode_attention(queries, kv, scale, mask, sinks):
+def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
     codec = kv.codec
     layer = _LAYERS.get(codec)
     if layer is None:
@@ -218,6 +266,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         kv.sinks is not None,
         sinks is not None,
         kv.window or 0,
+        raw_tail,
     )
     inputs = [queries, *plan.inputs]  # the layer's constants and placeholders
     if stored_keys:
@@ -243,17 +292,21 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks):
         inputs[AT["sink_logits"]] = mx.contiguous(logits * math.log2(math.e))
     inputs[AT["previous"]] = layer.previous
     n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
-    out, _ = _kernel(WARPS)(
+    outputs = _kernel(WARPS, raw_tail)(
         inputs=inputs,
         template=plan.template,
         grid=(n_parts * 32 * WARPS, plan.groups, 1),
         threadgroup=(32 * WARPS, 1, 1),
-        # each group's parts (query rows x D) and their (max, sum)
-        output_shapes=[queries.shape, (plan.groups * n_parts * plan.part_floats,)],
-        output_dtypes=[queries.dtype, mx.float32],
+        # each group's parts (query rows x D) and their (max, sum); a raw tail's row
+        output_shapes=[
+            queries.shape,
+            (plan.groups * n_parts * plan.part_floats,),
+            *([(B, codec.n_kv_heads, 1, codec.row_words)] if raw_tail else []),
+        ],
+        output_dtypes=[queries.dtype, mx.float32, mx.uint32][: 2 + raw_tail],
     )
-    layer.previous = out
-    return out
+    layer.previous = outputs[0]
+    return outputs
 
 
 class _Plan:
@@ -275,6 +328,7 @@ class _Plan:
         sink_tokens,
         sink_logits,
         window,
+        raw_tail,
     ):
         B, n_q_heads, L, D = shape
         H = codec.n_kv_heads
@@ -283,10 +337,13 @@ class _Plan:
         self.groups = B * H * math.ceil(G * L / query_rows)
         self.has_exact = tail or sink_tokens
         self.part_floats = query_rows * (D + 2)
-        kscale = placeholder(mx.float32)
+        kscale = kmean = placeholder(mx.float32)
         if codec.key_scale is not None:
             kscale = broadcast_rows(codec.key_scale, B)
             mx.eval(kscale)
+        if raw_tail and codec.key_mean is not None:
+            kmean = broadcast_rows(codec.key_mean, B)
+            mx.eval(kmean)
         # INPUTS after the queries; the per-call ones are placeholders here
         self.inputs = [
             layer.constants(codec, scale),
@@ -302,6 +359,7 @@ class _Plan:
             placeholder(mx.float32),  # sink logits
             layer.zeroed_counters(self.groups),
             None,  # the layer's previous output
+            *([kmean] if raw_tail else []),
         ]
         self.template = template(
             dtype,
@@ -321,6 +379,8 @@ class _Plan:
                 tail,
                 sink_tokens,
                 sink_logits,
+                raw_tail,
+                raw_tail and codec.key_mean is not None,
             ),
         )
 

@@ -25,63 +25,6 @@ const int t = vector % n_tokens, h = (vector / n_tokens) % n_heads, b = vector /
 __shared__ uint32_t packed[NW][KW + VW];
 float k_norm = 0.0f;  // keys stored as they are: the norms word's low half is 0
 
-// x <- H (signs * x) / sqrt(D): butterflies inside the lane, then across lanes.
-auto rotate = [&](float (&x)[DPL], const float* signs) {
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
-#pragma unroll
-  for (int s = 1; s < DPL; s <<= 1) {
-#pragma unroll
-    for (int k = 0; k < DPL; ++k) {
-      if (!(k & s)) {
-        const float a = x[k], c = x[k + s];
-        x[k] = a + c;
-        x[k + s] = a - c;
-      }
-    }
-  }
-#pragma unroll
-  for (int s = 1; s < 32; s <<= 1) {
-#pragma unroll
-    for (int k = 0; k < DPL; ++k) {
-      const float other = __shfl_xor_sync(FULL_MASK, x[k], s);
-      x[k] = (lane & s) ? other - x[k] : x[k] + other;
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) x[k] *= rsqrtf(float(D));
-};
-
-// Codes of y / |y| (the number of boundaries below each coordinate, as
-// mx.searchsorted), packed into words[0 .. D * BITS / 32); returns the corrected norm.
-auto quantize = [&](const float (&y)[DPL], auto bits_tag, const float* bounds, const float* levels,
-                    uint32_t* words) {
-  constexpr int BITS = decltype(bits_tag)::value;
-  float sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) sq += y[k] * y[k];
-  const float norm = sqrtf(warp_sum(sq)), safe_norm = fmaxf(norm, 1e-30f);
-  for (int w = lane; w < D * BITS / 32; w += 32) words[w] = 0u;
-  __syncwarp();
-  float recon_sq = 0.0f;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) {
-    const float unit = y[k] / safe_norm;
-    int code = 0;
-#pragma unroll
-    for (int step = 1 << (BITS - 1); step > 0; step >>= 1) {
-      if (unit > bounds[code + step - 1]) code += step;
-    }
-    recon_sq += levels[code] * levels[code];
-    const int bit = (lane * DPL + k) * BITS, word = bit >> 5, shift = bit & 31;
-    atomicOr(words + word, uint32_t(code) << shift);
-    if (shift + BITS > 32) atomicOr(words + word + 1, uint32_t(code) >> (32 - shift));
-  }
-  const float recon_norm = sqrtf(warp_sum(recon_sq));
-  __syncwarp();
-  return fminf(norm / fmaxf(recon_norm, 1e-30f), 65504.0f);
-};
-
 const int64_t out_row = int64_t(vector);
 float v[DPL];
 #pragma unroll
@@ -89,8 +32,8 @@ for (int k = 0; k < DPL; ++k) {
   v[k] = to_float(values[b * values_strides[0] + h * values_strides[1] + t * values_strides[2] +
                          (lane * DPL + k) * values_strides[3]]);
 }
-rotate(v, v_signs);
-const float v_norm = quantize(v, Int<VB>{}, v_bounds, v_levels, packed[warp] + KW);
+rotate_warp<D>(v, v_signs, lane);
+const float v_norm = quantize_warp<D, VB>(v, v_bounds, v_levels, packed[warp] + KW, lane);
 #pragma unroll
 for (int k = 0; k < DPL; ++k) exact_values[out_row * D + lane * DPL + k] = from_float<T>(v[k]);
 
@@ -104,14 +47,13 @@ if constexpr (KB > 0) {
     if constexpr (CENTER) x[k] -= key_mean[b * key_mean_strides[0] + h * key_mean_strides[1] + d];
     if constexpr (SCALE) x[k] /= key_scale[b * key_scale_strides[0] + h * key_scale_strides[1] + d];
   }
-  rotate(x, k_signs);
-  k_norm = quantize(x, Int<KB>{}, k_bounds, k_levels, packed[warp]);
+  rotate_warp<D>(x, k_signs, lane);
+  k_norm = quantize_warp<D, KB>(x, k_bounds, k_levels, packed[warp], lane);
 #pragma unroll
   for (int k = 0; k < DPL; ++k) exact_keys[out_row * D + lane * DPL + k] = from_float<T>(x[k]);
 }
 __syncwarp();
 for (int w = lane; w < KW + VW; w += 32) rows[out_row * W + w] = packed[warp][w];
 if (lane == 0) {
-  rows[out_row * W + KW + VW] = uint32_t(__half_as_ushort(__float2half(k_norm))) |
-                                (uint32_t(__half_as_ushort(__float2half(v_norm))) << 16);
+  rows[out_row * W + KW + VW] = norms_word(k_norm, v_norm);
 }
