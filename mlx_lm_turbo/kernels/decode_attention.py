@@ -86,12 +86,12 @@ def raw_tail_support(codec) -> bool:
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None):
     """(attention output, the new token's packed row (B, H, 1, row words)) from one
-    launch, for a view whose one-token tail is as the model gave it (``kv.pending``);
-    None where the kernel does not take the call (the cache then encodes it as usual)."""
+    launch, for a view whose one-token tail is as the model gave it (``kv.pending``: its
+    cache checked ``raw_tail_support``); None where the kernel does not take the call
+    (the cache then encodes it as usual)."""
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
-        or not raw_tail_support(kv.codec)
         or _call_support(queries, kv, mask) is not None
     ):
         return None
@@ -246,7 +246,8 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
     layer = _LAYERS.get(codec)
     if layer is None:
         layer = _LAYERS[codec] = _Layer(queries.dtype)
-    B, n_q_heads, L, D = queries.shape
+    shape = queries.shape
+    B, n_q_heads, L, D = shape
     *stored_keys, rows = kv.stored  # keys stored as they are (turbo0vN), then the rows
     n_tokens = rows.shape[2]
     if mask is None or (isinstance(mask, str) and L == 1):
@@ -257,7 +258,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
         )
     plan = layer.plan(
         codec,
-        queries.shape,
+        shape,
         queries.dtype,
         scale,
         mask_kind,
@@ -293,17 +294,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
     inputs[AT["previous"]] = layer.previous
     n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
     outputs = _kernel(WARPS, raw_tail)(
-        inputs=inputs,
-        template=plan.template,
-        grid=(n_parts * 32 * WARPS, plan.groups, 1),
-        threadgroup=(32 * WARPS, 1, 1),
-        # each group's parts (query rows x D) and their (max, sum); a raw tail's row
-        output_shapes=[
-            queries.shape,
-            (plan.groups * n_parts * plan.part_floats,),
-            *([(B, codec.n_kv_heads, 1, codec.row_words)] if raw_tail else []),
-        ],
-        output_dtypes=[queries.dtype, mx.float32, mx.uint32][: 2 + raw_tail],
+        inputs=inputs, template=plan.template, **plan.launch(n_parts)
     )
     layer.previous = outputs[0]
     return outputs
@@ -337,6 +328,14 @@ class _Plan:
         self.groups = B * H * math.ceil(G * L / query_rows)
         self.has_exact = tail or sink_tokens
         self.part_floats = query_rows * (D + 2)
+        # the outputs: the attention's, each group's parts (query rows x D) and their
+        # (max, sum), and a raw tail's row
+        self.output_shapes = [shape, None]
+        self.output_dtypes = [dtype, mx.float32]
+        if raw_tail:
+            self.output_shapes.append((B, H, 1, codec.row_words))
+            self.output_dtypes.append(mx.uint32)
+        self.launches = {}
         kscale = kmean = placeholder(mx.float32)
         if codec.key_scale is not None:
             kscale = broadcast_rows(codec.key_scale, B)
@@ -383,6 +382,20 @@ class _Plan:
                 raw_tail and codec.key_mean is not None,
             ),
         )
+
+    def launch(self, n_parts):
+        """The launch's grid and outputs for calls over n_parts parts."""
+        launch = self.launches.get(n_parts)
+        if launch is None:
+            shapes = list(self.output_shapes)
+            shapes[1] = (self.groups * n_parts * self.part_floats,)
+            launch = self.launches[n_parts] = dict(
+                grid=(n_parts * 32 * WARPS, self.groups, 1),
+                threadgroup=(32 * WARPS, 1, 1),
+                output_shapes=shapes,
+                output_dtypes=self.output_dtypes,
+            )
+        return launch
 
 
 @lru_cache(maxsize=None)
