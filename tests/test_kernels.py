@@ -504,6 +504,62 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
                 assert again["inputs"][at["tail_keys"]] is view.new_keys
 
 
+def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
+    monkeypatch,
+):
+    # Runs anywhere (the kernel a recording stand-in): what a decode step's one launch
+    # is handed: the token as the model gave it, the key mean and scale, the flags that
+    # say so, and an output for its row.
+    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+
+    calls = []
+
+    def kernel(**arguments):
+        calls.append(arguments)
+        return [
+            mx.zeros(s, d)
+            for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
+        ]
+
+    made = []
+    monkeypatch.setattr(
+        decode_attention,
+        "_kernel",
+        lambda warps, raw_tail=False: made.append(raw_tail) or kernel,
+    )
+    monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
+    cache = filled_cache(
+        TurboQuantKVCache("turbo3", key_calibration="center+scale"),
+        48,
+        2,
+        64,
+        mx.float16,
+    )
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
+    out, rows = fused_decode_and_encode(q, view, 0.125, mask)
+    (arguments,) = calls
+    assert made == [True]
+    inputs, at = arguments["inputs"], decode_attention.AT
+    assert len(inputs) == len(decode_attention.RAW_TAIL_INPUTS)
+    assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
+    assert inputs[at["tail_values"]] is view.new_values
+    for name, statistic in (
+        ("kmean", view.codec.key_mean),
+        ("kscale", view.codec.key_scale),
+    ):
+        assert mx.array_equal(inputs[at[name]], statistic).item(), name
+    flag_bits = dict(arguments["template"])["CODE"] >> 13
+    assert flag_bits & 128 and flag_bits & 256 and flag_bits & 8  # raw, mean, scale
+    assert arguments["output_shapes"][2] == (1, 2, 1, view.codec.row_words)
+    assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
+
+
 # -- a decode token encoded in its attention launch ------------------------------
 def emulated_launch(calls):
     """``fused_decode_and_encode`` by the portable path (runs anywhere): the token's
