@@ -672,7 +672,9 @@ class TurboQuantKVCache(_TurboCache):
             self._deferred = None
             stored, exact_keys, exact_values = encode(self.codec, keys, values)
             self._write(stored, position)
-            view.stored = self._stored_slice()[: len(view.stored)]
+            view.stored = (
+                self._stored_slice()
+            )  # sliced after the write, as a plain update
         elif view is not None and view.pending is self:
             _, exact_keys, exact_values = encode(
                 self.codec, view.new_keys, view.new_values
