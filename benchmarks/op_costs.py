@@ -99,9 +99,12 @@ def main():
     query = mx.random.normal((1, Q_HEADS, 1, HEAD_DIM)).astype(mx.float16)
     history = mx.random.normal((1, KV_HEADS, args.context, HEAD_DIM)).astype(mx.float16)
     token = history[:, :, :1]
-    cache = TurboQuantKVCache("turbo4")
-    cache.update_and_fetch(history, history)
+    cache, other = TurboQuantKVCache("turbo4"), TurboQuantKVCache("turbo4")
+    for c in (cache, other):
+        c.update_and_fetch(history, history)
     view, _ = cache.update_and_fetch(token, token)
+    cache.settle()  # a plain view: its token encoded, exact copies made
+    step, _ = other.update_and_fetch(token, token)  # on MLX-CUDA its token is unencoded
     mx.eval(query, history, token, view.stored, view.new_keys, view.new_values)
     scale = HEAD_DIM**-0.5
     ops = {
@@ -129,6 +132,13 @@ def main():
             lambda x: decode_attention.fused_decode_attention(x, view, scale, None),
             query,
         )
+        if step.pending is not None:
+            ops["fused decode attention, encoding the token (turbo4)"] = (
+                lambda x: decode_attention.fused_decode_and_encode(
+                    x, step, scale, None
+                )[0],
+                query,
+            )
         ops["fused encode (turbo4)"] = (
             lambda x: encode.fused_encode(view.codec, x, x)[1],
             token,
