@@ -80,6 +80,21 @@ def cache_bytes(caches):
     return sum(c.nbytes for c in caches)
 
 
+def pipelined_seconds(build, inputs):
+    """Seconds per step of ``build(x)`` for each x, run as mlx_lm.generate runs decode:
+    the next step's graph built and queued while this one runs."""
+    start = time.perf_counter()
+    running = None
+    for x in inputs:
+        queued = build(x)
+        mx.async_eval(queued)
+        if running is not None:
+            mx.eval(running)
+        running = queued
+    mx.eval(running)
+    return (time.perf_counter() - start) / len(inputs)
+
+
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     """Seconds per step evaluated one at a time, seconds of it spent building the step's
     graph on the host (before the GPU runs anything) and peak memory (bytes) above what
@@ -126,16 +141,7 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
-    start = time.perf_counter()
-    running = None
-    for token in tokens[steps + 1 :]:
-        queued = build(token)
-        mx.async_eval(queued)
-        if running is not None:
-            mx.eval(running)
-        running = queued
-    mx.eval(running)
-    pipelined = (time.perf_counter() - start) / steps
+    pipelined = pipelined_seconds(build, tokens[steps + 1 :])
     pipelined_peak = mx.get_peak_memory() - before
     return seconds, building / steps, peak, pipelined, pipelined_peak
 

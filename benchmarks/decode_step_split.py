@@ -26,13 +26,18 @@ import gc
 import platform
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.utils import load
 
 from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP
 from mlx_lm_turbo.tools.bench import CacheKind, book_tokens
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import pipelined_seconds  # noqa: E402
 
 
 def decode_split(model, kind, tokens, context, steps):
@@ -57,16 +62,9 @@ def decode_split(model, kind, tokens, context, steps):
         building += built
         mx.eval(logits)
     one_step = (time.perf_counter() - start) / steps
-    start = time.perf_counter()
-    running = None
-    for x in inputs[steps + 1 : 2 * steps + 1]:
-        queued, _ = build(x)
-        mx.async_eval(queued)
-        if running is not None:
-            mx.eval(running)
-        running = queued
-    mx.eval(running)
-    pipelined = (time.perf_counter() - start) / steps
+    pipelined = pipelined_seconds(
+        lambda x: build(x)[0], inputs[steps + 1 : 2 * steps + 1]
+    )
     return building / steps, one_step, pipelined
 
 

@@ -13,7 +13,9 @@ head_dim 64, fp16); the attention ops read ``--context`` cached tokens.
 """
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -21,6 +23,9 @@ from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels import decode_attention, encode
 from mlx_lm_turbo.kernels.dispatch import gpu_backend
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import pipelined_seconds  # noqa: E402
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
@@ -44,16 +49,7 @@ def chain_costs(op, x0, depth, steps):
     for _ in range(steps):
         mx.eval(build())
     one_step = time.perf_counter() - start
-    start = time.perf_counter()
-    running = None
-    for _ in range(steps):
-        queued = build()
-        mx.async_eval(queued)
-        if running is not None:
-            mx.eval(running)
-        running = queued
-    mx.eval(running)
-    pipelined = time.perf_counter() - start
+    pipelined = pipelined_seconds(lambda _: build(), range(steps)) * steps
     per_op = 1e6 / (steps * depth)
     return build_time * per_op, one_step * per_op, pipelined * per_op
 

@@ -437,6 +437,20 @@ def test_auto_sends_float16_prefill_chunks_to_mlx_fused_attention(monkeypatch):
     assert dense_prefill_attention(q, view, 0.1, "causal", fused_only=True) is not None
 
 
+def recording_kernel(calls):
+    """A stand-in for a compiled kernel: records each call's arguments in ``calls`` and
+    returns zeroed outputs (runs on any backend)."""
+
+    def kernel(**arguments):
+        calls.append(arguments)
+        return [
+            mx.zeros(s, d)
+            for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
+        ]
+
+    return kernel
+
+
 def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     # Runs anywhere: the kernel is a stand-in recording its arguments. A layer's later
     # calls reuse the plan of their configuration; what they pass must be what a call
@@ -446,13 +460,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
     calls = []
-
-    def kernel(**arguments):
-        calls.append(arguments)
-        return [
-            mx.zeros(s, d)
-            for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
-        ]
+    kernel = recording_kernel(calls)
 
     monkeypatch.setattr(
         decode_attention, "_kernel", lambda warps, raw_tail=False: kernel
@@ -515,13 +523,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
     calls = []
-
-    def kernel(**arguments):
-        calls.append(arguments)
-        return [
-            mx.zeros(s, d)
-            for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
-        ]
+    kernel = recording_kernel(calls)
 
     made = []
     monkeypatch.setattr(
