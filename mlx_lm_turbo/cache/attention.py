@@ -63,9 +63,8 @@ def turbo_scaled_dot_product_attention(
     mask: Union[None, str, mx.array],
     sinks: Optional[mx.array] = None,
 ) -> mx.array:
-    if (
-        kv.pending is not None
-    ):  # a decode token its cache left for this launch to encode
+    # A decode token its cache left for the attention launch to encode.
+    if kv.pending is not None:
         if kv.pending.defers(kv):
             step = fused_decode_and_encode(queries, kv, scale, mask, sinks)
             if step is not None:

@@ -503,7 +503,6 @@ class _TurboCache:
         raise NotImplementedError
 
     def update_and_fetch(self, keys, values):
-        self.settle()
         if not self._compressing(keys, values):
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset

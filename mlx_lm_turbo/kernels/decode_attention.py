@@ -120,11 +120,10 @@ INPUTS = (
     "counters",
     "previous",
 )
-AT = {name: i for i, name in enumerate(INPUTS)}  # an input's place in a call
 # A raw tail's calls also take the key mean and write the new token's row; the other
 # calls' kernel has neither, so the source's names for them are declared empty.
 RAW_TAIL_INPUTS = (*INPUTS, "kmean")
-AT["kmean"] = len(INPUTS)
+AT = {name: i for i, name in enumerate(RAW_TAIL_INPUTS)}  # an input's place in a call
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 NO_RAW_TAIL = (
     "__device__ const float* const kmean = nullptr;\n"

@@ -19,7 +19,7 @@ HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified f
 
 def kernel_mode() -> str:
     # Read at every call (tests and users may change it), parsed once per value:
-    # a decode step asks twice per layer.
+    # a decode step asks once or twice per layer.
     return _mode(os.environ.get(KERNEL_ENV, "auto"))
 
 
@@ -49,6 +49,7 @@ def layer_support(key_dim, value_dim) -> "str | None":
 
 @lru_cache(maxsize=None)
 def _layer_support(device, key_dim, value_dim):
+    # ``device`` keys the cache: gpu_backend() reads the default device itself.
     backend = gpu_backend()
     if backend is None:
         return "MLX runs on the CPU here (the kernels are for MLX's CUDA backend)"
