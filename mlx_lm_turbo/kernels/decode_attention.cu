@@ -13,10 +13,11 @@
 // decode token, its key and value as the model gave them) is encoded here as encode.cu
 // encodes it (same code, common.cuh): the exact blocks read it rotated from shared
 // memory, the head's first exact block writes its packed row to `new_rows`, which the
-// cache stores after the call (one launch a decode layer instead of two). `work` holds the slices' rows and their (max, sum); `counters` (one per
-// group) is zero on entry and left zero on exit, so nothing needs filling per call (a
-// fill is one more launch); `previous` (unread) is the layer's last call's output, so
-// MLX runs the calls sharing counters in order.
+// cache stores after the call (one launch a decode layer instead of two). `work` holds
+// the slices' rows and their (max, sum); `counters` (one per group) is zero on entry and
+// left zero on exit, so nothing needs filling per call (a fill is one more launch);
+// `previous` (unread) is the layer's last call's output, so MLX runs the calls sharing
+// counters in order.
 using namespace turbo;
 constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
 constexpr int R = SHAPE >> 22;
