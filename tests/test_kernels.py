@@ -109,6 +109,52 @@ def test_kernel_mode_reads_the_environment(monkeypatch):
         kernel_mode()
 
 
+def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
+    # MLX-CUDA finds compiled kernels on disk by name and template values: a source
+    # changed by an upgrade must not reach an earlier binary. Runs anywhere (the
+    # kernels are built by a stand-in recording their names).
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+    import mlx_lm_turbo.kernels.encode as encode
+
+    names = []
+    monkeypatch.setattr(
+        mx.fast, "cuda_kernel", lambda name, **options: names.append(name)
+    )
+
+    def build_all():
+        for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
+            cached.cache_clear()
+        decode_attention._kernel(4)
+        decode_attention._kernel(4, raw_tail=True)
+        encode._kernel()
+        built = names[-3:]
+        assert len(set(built)) == 3
+        return built
+
+    first, again = build_all(), build_all()
+    assert first == again  # the same source finds its compiled kernel again
+    read = dispatch.Path.read_text
+    # which of (decode, decode with a raw tail, encode) each file's edit renames
+    renamed = {
+        "common.cuh": [True, True, True],
+        "decode_attention.cu": [True, True, False],
+        "encode.cu": [False, False, True],
+    }
+    for edited, expected in renamed.items():
+        monkeypatch.setattr(
+            dispatch.Path,
+            "read_text",
+            lambda path, *a, e=edited: (
+                read(path, *a) + ("\nint changed;" if path.name == e else "")
+            ),
+        )
+        assert [a != b for a, b in zip(first, build_all())] == expected, edited
+    monkeypatch.undo()
+    for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
+        cached.cache_clear()
+
+
 @pytest.mark.skipif(ON_CUDA, reason="checks the refusal where the kernel cannot run")
 def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)

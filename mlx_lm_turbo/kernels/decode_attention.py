@@ -25,7 +25,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .dispatch import broadcast_rows, placeholder, source, use_kernel
+from .dispatch import broadcast_rows, cuda_kernel, placeholder, source, use_kernel
 
 MAX_QUERIES = (
     8  # decode and speculative decoding's verify step; longer queries are prefill
@@ -169,16 +169,15 @@ def flags(
 
 @lru_cache(maxsize=None)
 def _kernel(warps, raw_tail=False):
-    return mx.fast.cuda_kernel(
-        name="turbo_decode_step" if raw_tail else "turbo_decode_attention",
-        input_names=list(RAW_TAIL_INPUTS if raw_tail else INPUTS),
-        output_names=["out", "work", "new_rows"] if raw_tail else ["out", "work"],
-        source=source("decode_attention.cu"),
+    return cuda_kernel(
+        "turbo_decode_step" if raw_tail else "turbo_decode_attention",
+        RAW_TAIL_INPUTS if raw_tail else INPUTS,
+        ["out", "work", "new_rows"] if raw_tail else ["out", "work"],
+        source("decode_attention.cu"),
         header=launch_bounds(warps)
         + HEADER_CONSTANTS
         + ("" if raw_tail else NO_RAW_TAIL)
         + source("common.cuh"),
-        ensure_row_contiguous=False,
     )
 
 

@@ -4,6 +4,7 @@
 ``off`` forces the portable path, ``on`` makes a kernel that cannot run an error.
 """
 
+import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -93,6 +94,25 @@ def source(name):
         for line in (_SOURCES / name).read_text().splitlines()
     )
     return "\n".join(line for line in lines if line)
+
+
+def cuda_kernel(name, input_names, output_names, source, header):
+    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles.
+
+    MLX-CUDA keeps each compiled kernel on disk (``MLX_PTX_CACHE_DIR``, else the temp
+    directory) and finds it again by the kernel's name and template values alone: under
+    a plain name, a later version of the source (an upgrade of this package) would run
+    the binary compiled from the earlier one."""
+    text = "\0".join([*input_names, *output_names, header, source])
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return mx.fast.cuda_kernel(
+        name=f"{name}_{digest}",
+        input_names=list(input_names),
+        output_names=list(output_names),
+        source=source,
+        header=header,
+        ensure_row_contiguous=False,
+    )
 
 
 def broadcast_rows(a, rows):

@@ -15,7 +15,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .dispatch import broadcast_rows, placeholder, source, use_kernel
+from .dispatch import broadcast_rows, cuda_kernel, placeholder, source, use_kernel
 
 WARPS = 4
 # The codec's constants come as one input (a call's host cost grows with its inputs).
@@ -24,13 +24,12 @@ INPUTS = ("keys", "values", "key_mean", "key_scale", "consts")
 
 @lru_cache(maxsize=None)
 def _kernel():
-    return mx.fast.cuda_kernel(
-        name="turbo_encode",
-        input_names=list(INPUTS),
-        output_names=["rows", "exact_keys", "exact_values"],
-        source=source("encode.cu"),
+    return cuda_kernel(
+        "turbo_encode",
+        INPUTS,
+        ["rows", "exact_keys", "exact_values"],
+        source("encode.cu"),
         header=source("common.cuh"),
-        ensure_row_contiguous=False,
     )
 
 
