@@ -80,18 +80,32 @@ def cache_bytes(caches):
     return sum(c.nbytes for c in caches)
 
 
-def pipelined_seconds(build, inputs):
+def pipelined_seconds(build, inputs, parts=None):
     """Seconds per step of ``build(x)`` for each x, run as mlx_lm.generate runs decode:
-    the next step's graph built and queued while this one runs."""
+    the next step's graph built and queued while this one runs. ``parts`` (a dict), if
+    given, gets the seconds per step spent building, queueing (``mx.async_eval``: MLX's
+    host work per op) and waiting for the step before: where the host waits, the
+    device (or a stall) bounds the step."""
+    spent = dict.fromkeys(("build", "queue", "wait"), 0.0)
     start = time.perf_counter()
     running = None
     for x in inputs:
+        t0 = time.perf_counter()
         queued = build(x)
+        t1 = time.perf_counter()
         mx.async_eval(queued)
+        t2 = time.perf_counter()
         if running is not None:
             mx.eval(running)
+        spent["build"] += t1 - t0
+        spent["queue"] += t2 - t1
+        spent["wait"] += time.perf_counter() - t2
         running = queued
+    t0 = time.perf_counter()
     mx.eval(running)
+    spent["wait"] += time.perf_counter() - t0
+    if parts is not None:
+        parts.update({k: v / len(inputs) for k, v in spent.items()})
     return (time.perf_counter() - start) / len(inputs)
 
 

@@ -8,22 +8,29 @@ run three ways, side by side in one run:
 - one step: ms per step evaluated alone (build, the host's scheduling and the GPU's
   work in series);
 - pipelined: ms per step as mlx_lm.generate runs decode (the next step's graph built
-  and queued while this one runs): max(host, GPU) when they overlap.
+  and queued while this one runs): max(host, GPU) when they overlap; split into the
+  host's building, its queueing (``mx.async_eval``: MLX's work per op) and its waiting
+  for the step before.
 
 Where build is most of a pipelined step the host bounds decode speed; where the
 pipelined step is much longer than the build, the GPU (or the host's scheduling in
 ``mx.eval``) does. Step times on MLX-CUDA move by a fifth between runs of one process,
 so the caches take turns for ``--rounds`` rounds (each a fresh cache and prefill) and
-the table gives medians.
+the table gives medians. ``--profile N`` also prints, per cache, the N functions that
+take most of the build's host time (cProfile over the one-step runs of every round; it
+slows the Python down, so the table's build column is then not comparable).
 
     python benchmarks/decode_step_split.py --model PATH [--context 8000] [--steps 64]
-        [--caches fp16 turbo4 turbo2] [--rounds 5] [--out results.md]
+        [--caches fp16 turbo4 turbo2] [--rounds 5] [--profile 25] [--out results.md]
 """
 
 import argparse
+import cProfile
 import datetime
 import gc
+import io
 import platform
+import pstats
 import statistics
 import subprocess
 import sys
@@ -40,8 +47,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decode_attention import pipelined_seconds  # noqa: E402
 
 
-def decode_split(model, kind, tokens, context, steps):
-    """(build seconds per step, one-step seconds, pipelined seconds) for one cache."""
+def decode_split(model, kind, tokens, context, steps, profiler=None):
+    """(build seconds per step, one-step seconds, pipelined seconds, and its build,
+    queue and wait seconds) for one cache;
+    ``profiler`` (a cProfile.Profile) records the one-step runs' building."""
     gc.collect()
     mx.clear_cache()
     cache = kind.make(model)
@@ -49,23 +58,28 @@ def decode_split(model, kind, tokens, context, steps):
     mx.eval([c.state for c in cache])
     inputs = [tokens[None, context + i : context + i + 1] for i in range(2 * steps + 2)]
 
-    def build(x):
+    def build(x, profiler=None):
         start = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         logits = model(x, cache=cache)
+        if profiler is not None:
+            profiler.disable()
         return logits, time.perf_counter() - start
 
     mx.eval(build(inputs[0])[0])  # warm-up: compile at this shape
     building = 0.0
     start = time.perf_counter()
     for x in inputs[1 : steps + 1]:
-        logits, built = build(x)
+        logits, built = build(x, profiler)
         building += built
         mx.eval(logits)
     one_step = (time.perf_counter() - start) / steps
+    parts = {}
     pipelined = pipelined_seconds(
-        lambda x: build(x)[0], inputs[steps + 1 : 2 * steps + 1]
+        lambda x: build(x)[0], inputs[steps + 1 : 2 * steps + 1], parts
     )
-    return building / steps, one_step, pipelined
+    return building / steps, one_step, pipelined, *parts.values()
 
 
 def main():
@@ -76,6 +90,9 @@ def main():
     parser.add_argument("--caches", nargs="+", default=["fp16", "turbo4", "turbo2"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
+    parser.add_argument(
+        "--profile", type=int, default=0, help="print the N costliest functions"
+    )
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
     model, tokenizer = load(args.model)
@@ -89,27 +106,46 @@ def main():
         f"{args.context}-token prompt, {args.steps} steps, medians of {args.rounds} "
         "rounds",
         "",
-        "| cache | build us/step | one step ms | pipelined ms | pipelined vs fp16 |",
-        "|---|---:|---:|---:|---:|",
+        "| cache | build us/step | one step ms | pipelined ms | pipelined vs fp16 "
+        "| pipelined: build / queue / wait ms |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     print("\n".join(lines), flush=True)
     kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
     runs = {kind.name: [] for kind in kinds}
+    profilers = {
+        kind.name: cProfile.Profile() if args.profile else None for kind in kinds
+    }
     for _ in range(args.rounds):
         for kind in kinds:
             runs[kind.name].append(
-                decode_split(model, kind, tokens, args.context, args.steps)
+                decode_split(
+                    model, kind, tokens, args.context, args.steps, profilers[kind.name]
+                )
             )
     reference = None
     for kind in kinds:
-        build, one_step, pipelined = map(statistics.median, zip(*runs[kind.name]))
+        build, one_step, pipelined, *parts = map(
+            statistics.median, zip(*runs[kind.name])
+        )
         reference = reference or pipelined
         line = (
             f"| {kind.name} | {build * 1e6:.0f} | {one_step * 1e3:.3f} | "
-            f"{pipelined * 1e3:.3f} | {reference / pipelined:.2f}x |"
+            f"{pipelined * 1e3:.3f} | {reference / pipelined:.2f}x | "
+            + " / ".join(f"{p * 1e3:.3f}" for p in parts)
+            + " |"
         )
         lines.append(line)
         print(line, flush=True)
+    for name, profiler in profilers.items():
+        if profiler is not None:
+            text = io.StringIO()
+            calls = args.rounds * args.steps
+            stats = pstats.Stats(profiler, stream=text).strip_dirs()
+            stats.sort_stats("tottime").print_stats(args.profile)
+            lines += ["", f"{name}: build profile over {calls} steps", "```"]
+            lines += [text.getvalue().strip(), "```"]
+            print("\n".join(lines[-4:]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -78,7 +78,15 @@ def attention_variants():
         # a decode token's own encoding in the launch (one token, quantized keys)
         raw_tail = L == 1 and KB > 0 and mask != 2
         flag_bits = flags(
-            mask, True, D == 128, True, G == 4, D == 64, raw_tail, raw_tail and D != 128
+            mask,
+            True,
+            D == 128,
+            True,
+            G == 4,
+            D == 64,
+            raw_tail,
+            raw_tail and D != 128,
+            raw_tail and G == 4,  # the row written in place too
         )
         window = 0 if L == 1 else 1
         yield (

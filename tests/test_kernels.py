@@ -611,16 +611,20 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
 # -- a decode token encoded in its attention launch ------------------------------
 def emulated_launch(calls):
     """``fused_decode_and_encode`` by the portable path (runs anywhere): the token's
-    row and exact copies from the codec, attention over the plain view."""
+    row and exact copies from the codec, attention over the plain view; a write in
+    place lands in the cache's own array. Records (view, in place) in ``calls``."""
     from mlx_lm_turbo.cache.attention import blockwise_attention
     from mlx_lm_turbo.cache.view import TurboKV
 
-    def launch(queries, kv, scale, mask, sinks=None):
-        calls.append(kv)
+    def launch(queries, kv, scale, mask, sinks=None, in_place=False):
+        calls.append((kv, in_place))
         (rows,), exact_keys, exact_values = kv.codec.encode(kv.new_keys, kv.new_values)
         plain = TurboKV(
             kv.codec, kv.stored, exact_keys, exact_values, kv.sinks, kv.window
         )
+        if in_place:
+            slot = kv.stored[-1].shape[2] - 1
+            kv.pending.stored[-1][:, :, slot : slot + 1] = rows
         return blockwise_attention(queries, plain, scale, mask, sinks), rows
 
     return launch
@@ -683,6 +687,50 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     for a, b in zip(out, reference):
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-6).item()
     states_equal(deferred, plain)
+
+
+def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
+    monkeypatch, launch_anywhere
+):
+    # Slots handed out (a state, a trim's earlier ones, a copy of the cache, ``keys``)
+    # may sit in arrays others keep: those rows go through an update op. Growing into
+    # new buffers makes every slot private again.
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    deferred = TurboQuantKVCache("turbo4")
+    deferred.step = 8  # grow often
+    filled_cache(deferred, 40, 2, 64, mx.float32)
+
+    def in_place(steps, seed):
+        del launch_anywhere[:]
+        outputs.extend(decode_steps(deferred, steps, seed=seed))
+        return [flag for _, flag in launch_anywhere]
+
+    outputs = []
+    assert in_place(3, 0) == [True] * 3  # slots 40-42, after the prefill's
+    deferred.state  # hands out 0-42
+    assert in_place(1, 10) == [True]  # slot 43
+    deferred.trim(2)
+    assert in_place(3, 20) == [False, True, True]  # slot 42 was handed out
+    twin = copy.deepcopy(deferred)  # shares the buffers (capacity 48)
+    assert in_place(3, 30) == [False, False, False]  # slots 45-47
+    assert in_place(2, 40) == [True] * 2  # 48-49 in new buffers
+    deferred.keys
+    assert in_place(6, 50) == [False] * 6  # 50-55
+    assert in_place(1, 60) == [True]  # 56, in new buffers
+
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    reference = []
+    for steps, seed in ((3, 0), (1, 10)):
+        reference += decode_steps(plain, steps, seed=seed)
+    plain.trim(2)
+    for steps, seed in ((3, 20), (3, 30), (2, 40), (6, 50), (1, 60)):
+        reference += decode_steps(plain, steps, seed=seed)
+    for a, b in zip(outputs, reference, strict=True):
+        assert mx.allclose(a, b, rtol=1e-5, atol=1e-6).item()
+    states_equal(deferred, plain)
+    assert twin.offset == 45
 
 
 def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
@@ -757,12 +805,15 @@ def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
         TurboQuantKVCache(scheme, key_calibration=calibration), 600, 4, D, dtype
     )
     q, view, mask = step_inputs(cache, 1, 4, 3, D, dtype)
-    assert view.pending is cache
-    out, rows = fused_decode_and_encode(q, view, D**-0.5, mask)
+    assert view.pending is cache and cache.row_in_place(view)
+    out, rows = fused_decode_and_encode(q, view, D**-0.5, mask, in_place=True)
     (encoded,), exact_keys, exact_values = fused_encode(
         view.codec, view.new_keys, view.new_values
     )
     assert mx.array_equal(rows, encoded).item()
+    mx.eval(out)
+    # the launch wrote the row into its slot (read without any op ordering it)
+    assert mx.array_equal(cache._slice()[-1][:, :, -1:], encoded).item()
     plain = TurboKV(
         view.codec, view.stored, exact_keys, exact_values, view.sinks, view.window
     )
@@ -777,11 +828,40 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
     import mlx_lm_turbo.cache.cache as cache_module
 
     monkeypatch.setenv(KERNEL_ENV, "auto")
-    one = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float16)
-    two = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float16)
+    # 766 tokens: the steps write rows in place into slots 766 and 767, then the
+    # cache grows (reading those rows) and the next ones go into the new buffers;
+    # all built before anything is evaluated, as one graph.
+    one = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
+    two = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
     out = decode_steps(one, 4, D=128)
     assert one._deferred is None  # each launch stored its token's row
+    assert one._rows_in_place[0] == 768  # 766-767 ordered by the growth
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for a, b in zip(out, decode_steps(two, 4, D=128)):
         assert relative_error(a, b) < 1e-6
     states_equal(one, two)
+
+
+@pytest.mark.gpu
+def test_copies_of_a_cache_decode_apart(monkeypatch):
+    # mlx-lm's prompt caches deep-copy caches, and a copy shares the stored buffers
+    # (MLX arrays copy by reference): rows written in place by one must not reach
+    # the other. Both decode different tokens, each as a cache of its own would.
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
+    twin = copy.deepcopy(cache)
+    out = {id(cache): [], id(twin): []}
+    for step in range(4):
+        for c, seed in ((cache, 100), (twin, 200)):
+            out[id(c)] += decode_steps(c, 3, D=128, seed=seed + 10 * step)
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    for c, seed in ((cache, 100), (twin, 200)):
+        alone = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
+        reference = []
+        for step in range(4):
+            reference += decode_steps(alone, 3, D=128, seed=seed + 10 * step)
+        for a, b in zip(out[id(c)], reference, strict=True):
+            assert relative_error(a, b) < 1e-6
+        states_equal(c, alone)

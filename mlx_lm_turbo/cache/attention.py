@@ -65,13 +65,15 @@ def turbo_scaled_dot_product_attention(
 ) -> mx.array:
     # A decode token its cache left for the attention launch to encode.
     if kv.pending is not None:
-        if kv.pending.defers(kv):
-            step = fused_decode_and_encode(queries, kv, scale, mask, sinks)
+        cache = kv.pending
+        if cache.defers(kv):
+            in_place = cache.row_in_place(kv)
+            step = fused_decode_and_encode(queries, kv, scale, mask, sinks, in_place)
             if step is not None:
                 out, rows = step
-                kv.pending.store_row(kv, rows)
+                cache.store_row(kv, rows)
                 return out
-        kv.pending.settle(kv)
+        cache.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
         return fused

@@ -12,6 +12,7 @@ Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
 its affine quantized attention and replace a cache that has the second.
 """
 
+import copy
 import json
 from functools import lru_cache
 
@@ -415,11 +416,15 @@ class _TurboCache:
     def keys(self):
         if self.stored is None and self.uncompressed is None:
             raise AttributeError("an empty TurboQuant cache holds no keys")
-        return self.stored[0] if self.stored is not None else self.uncompressed.keys
+        if self.stored is None:
+            return self.uncompressed.keys
+        self._share_buffers()
+        return self.stored[0]
 
     @keys.setter
     def keys(self, value):
         if self.stored is not None:
+            self._share_buffers()
             self.stored = (value, *self.stored[1:])
         else:
             self.uncompressed.keys = value
@@ -512,11 +517,18 @@ class _TurboCache:
 
     def settle(self):
         """Nothing to do but in ``TurboQuantKVCache``, whose decode token may wait for
-        its attention launch to be encoded."""
+        its attention launch to be encoded, and whose launches write rows MLX does not
+        know of."""
+
+    def _share_buffers(self):
+        """Others now hold the stored arrays whole (only ``TurboQuantKVCache`` minds)."""
 
     def _stored_slice(self):
         """The stored arrays without unused capacity (every token encoded first)."""
         self.settle()
+        return self._slice()
+
+    def _slice(self):
         if self.stored is None or self.offset >= self.stored[0].shape[2]:
             return self.stored
         return tuple(a[:, :, : self.offset] for a in self.stored)
@@ -548,6 +560,7 @@ class _TurboCache:
 
     @state.setter
     def state(self, v):
+        self._share_buffers()  # the new arrays come from outside
         meta, mean, scale, sink_keys, sink_values, *arrays = v
         self.meta_state = (meta,)
         recent_keys = recent_values = None
@@ -582,10 +595,22 @@ class TurboQuantKVCache(_TurboCache):
     custom call costs the host more than the encoding's GPU time
     (benchmarks/results/op_costs_h200_2e8918a.md). Anything else that reads the cache
     first has it encoded as a plain update would (``settle``).
+
+    Where no one else can hold the token's slot, the launch writes the row there itself:
+    no update op, which on MLX-CUDA would also copy the layer's whole cache while the
+    previous step still runs. MLX knows nothing of that write; the layer's next launch
+    is ordered after it (its ``previous`` input), anything else reads the cache after
+    ``_order_rows`` has written those rows again through an op.
     """
 
-    # (view, keys, values, position) of the decode token waiting for its launch
+    # (view, keys, values, position, in place) of the decode token waiting for its launch
     _deferred = None
+    # (first position, [rows]) written into their slots by launches, not yet by an op
+    _rows_in_place = None
+    # The first slot of the stored buffers that no one else can hold (None: no slot):
+    # 0 when they grow into new ones, raised by every slice of them handed out, None
+    # once they are handed out or in whole (a state, ``keys``, a copy of the cache).
+    _private_from = None
 
     def _make_uncompressed(self):
         return KVCache()
@@ -612,28 +637,62 @@ class TurboQuantKVCache(_TurboCache):
             n_steps = (self.step + n - 1) // self.step
             grown = self._empty_like(like, n_steps * self.step)
             if self.stored is not None:
+                self._order_rows()  # the copy into the new buffers reads them
                 grown = [
                     mx.concatenate([s[..., :prev, :], g], axis=2)
                     for s, g in zip(self.stored, grown)
                 ]
             self.stored = tuple(grown)
+            self._private_from = 0
 
     def _write(self, new, position):
         for s, a in zip(self.stored, new):
             s[:, :, position : position + a.shape[2]] = a
 
     def update_and_fetch(self, keys, values):
-        self.settle()
+        if self._deferred is not None:
+            self.settle()
         if self._defers(keys) and self._compressing(keys, values):
             # Counted now, its slot left empty (zeros) until its row comes back.
             position = self.offset
             self._reserve(self.stored, 1)
+            private = self._private_from
+            in_place = private is not None and position >= private
             self.offset += 1
-            view = self._view(self._stored_slice(), keys, values)
+            # Not _stored_slice: the rows written in place stay unordered (only the
+            # launch reads this view), and handing it to the launch shares no slot.
+            view = self._view(self._slice(), keys, values)
             view.pending = self
-            self._deferred = (view, keys, values, position)
+            self._deferred = (view, keys, values, position, in_place)
             return view, view
+        self.settle()
         return super().update_and_fetch(keys, values)
+
+    def _stored_slice(self):
+        stored = super()._stored_slice()
+        if self._private_from is not None:
+            self._private_from = max(self._private_from, self.offset)
+        return stored
+
+    def _share_buffers(self):
+        self.settle()
+        self._private_from = None
+
+    def __deepcopy__(self, memo):
+        # MLX arrays deep-copy by reference (mlx-lm's prompt caches copy caches so):
+        # the copy and this cache share the stored buffers from now on.
+        self._share_buffers()
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
+
+    def __copy__(self):
+        self._share_buffers()
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
 
     def _defers(self, keys):
         """Whether this token's encoding waits for its attention launch: one token, all
@@ -654,20 +713,46 @@ class TurboQuantKVCache(_TurboCache):
         """Whether ``view``'s token still waits for its launch to be encoded."""
         return self._deferred is not None and self._deferred[0] is view
 
+    def row_in_place(self, view) -> bool:
+        """Whether the launch of ``view``'s waiting token writes its row into the slot
+        itself (no one else can hold that slot)."""
+        return self.defers(view) and self._deferred[4]
+
     def store_row(self, view, rows):
-        """Store the row the attention launch encoded for ``view``'s token."""
+        """Store the row the attention launch encoded for ``view``'s token (where the
+        launch wrote it in place, keep it for ``_order_rows``)."""
         if not self.defers(view):
             raise RuntimeError("This view's token is no longer waiting for its row.")
-        position = self._deferred[3]
+        position, in_place = self._deferred[3:]
         self._deferred = None
-        self._write((rows,), position)
+        if not in_place:
+            self._write((rows,), position)
+            return
+        if self._rows_in_place is not None:
+            first, written = self._rows_in_place
+            if first + len(written) == position:
+                written.append(rows)
+                return
+            self._order_rows()
+        self._rows_in_place = (position, [rows])
+
+    def _order_rows(self):
+        """Write the rows launches wrote in place again, through an op that takes the
+        launches' outputs: what reads the cache next is then ordered after them (MLX
+        tracks neither those writes nor, within a CUDA graph, the buffer they went to)."""
+        if self._rows_in_place is not None:
+            first, written = self._rows_in_place
+            self._rows_in_place = None
+            rows = written[0] if len(written) == 1 else mx.concatenate(written, axis=2)
+            self._write((rows,), first)
 
     def settle(self, view=None):
         """Encode the waiting token as a plain update does and make its view a plain
         one; ``view``: a view whose token was stored by its launch already, attended
-        again (its exact copies are made now)."""
+        again (its exact copies are made now). Rows written in place are ordered first."""
+        self._order_rows()
         if self._deferred is not None and (view is None or self.defers(view)):
-            view, keys, values, position = self._deferred
+            view, keys, values, position, _ = self._deferred
             self._deferred = None
             stored, exact_keys, exact_values = encode(self.codec, keys, values)
             self._write(stored, position)

@@ -13,7 +13,9 @@
 // decode token, its key and value as the model gave them) is encoded here as encode.cu
 // encodes it (same code, common.cuh): the exact blocks read it rotated from shared
 // memory, the head's first exact block writes its packed row to `new_rows`, which the
-// cache stores after the call (one launch a decode layer instead of two). `work` holds
+// cache stores after the call (one launch a decode layer instead of two), and with
+// ROW_IN_PLACE into the token's reserved slot of `rows` as well (the cache owns that
+// buffer alone; it then needs no update op, and no copy of its layer). `work` holds
 // the slices' rows and their (max, sum); `counters` (one per group) is zero on entry and
 // left zero on exit, so nothing needs filling per call (a fill is one more launch);
 // `previous` (unread) is the layer's last call's output, so MLX runs the calls sharing
@@ -26,7 +28,7 @@ constexpr int FLAGS = CODE >> 13;
 constexpr int MASK_KIND = FLAGS & 3;  // 0 none, 1 causal, 2 an array
 constexpr bool MASK_BOOL = FLAGS & 4, HAS_KSCALE = FLAGS & 8, HAS_TAIL = FLAGS & 16;
 constexpr bool HAS_SINK_TOKENS = FLAGS & 32, HAS_SINKS = FLAGS & 64;  // HAS_SINKS: logits
-constexpr bool RAW_TAIL = FLAGS & 128, HAS_KMEAN = FLAGS & 256;
+constexpr bool RAW_TAIL = FLAGS & 128, HAS_KMEAN = FLAGS & 256, ROW_IN_PLACE = FLAGS & 512;
 const float* k_signs = consts;
 const float* v_signs = consts + D;
 const float* k_levels_in = consts + 2 * D;
@@ -626,8 +628,18 @@ if constexpr (RAW_TAIL && KB > 0) {
     __syncwarp();
     if (rg == 0) {
       uint32_t* row = new_rows + (int64_t(b) * n_kv_heads + h) * RW;
-      for (int w = lane; w < KW + VW; w += 32) row[w] = raw_words[w];
-      if (lane == 0) row[KW + VW] = norms_word(k_norm, v_norm);
+      // ROW_IN_PLACE: also into the token's slot in `rows`, which no block of this
+      // launch reads (n_stored excludes it); the next launch on the layer reads it.
+      uint32_t* slot = const_cast<uint32_t*>(head_rows) + int64_t(n_tokens - 1) * row_stride;
+      const uint32_t norms = norms_word(k_norm, v_norm);
+      for (int w = lane; w < KW + VW; w += 32) {
+        row[w] = raw_words[w];
+        if (ROW_IN_PLACE) slot[w] = raw_words[w];
+      }
+      if (lane == 0) {
+        row[KW + VW] = norms;
+        if (ROW_IN_PLACE) slot[KW + VW] = norms;
+      }
     }
   }
   __syncthreads();

@@ -84,11 +84,15 @@ def raw_tail_support(codec) -> bool:
     return codec.scheme.key_bits > 0 and use_kernel(codec)
 
 
-def fused_decode_and_encode(queries, kv, scale, mask, sinks=None):
+def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):
     """(attention output, the new token's packed row (B, H, 1, row words)) from one
     launch, for a view whose one-token tail is as the model gave it (``kv.pending``: its
     cache checked ``raw_tail_support``); None where the kernel does not take the call
-    (the cache then encodes it as usual)."""
+    (the cache then encodes it as usual). ``in_place``: the launch also writes the row
+    into the token's slot, the last of ``kv.stored``, whose buffer only the cache may
+    hold (MLX knows nothing of that write: the layer's next launch reads it, ordered
+    after this one by its ``previous`` input; anything else must read the row through
+    an op that takes the returned one)."""
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
@@ -96,7 +100,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None):
     ):
         return None
     out, _, rows = _cuda_decode_attention(
-        queries, kv, scale, mask, sinks, raw_tail=True
+        queries, kv, scale, mask, sinks, raw_tail=True, in_place=in_place
     )
     return out, rows
 
@@ -149,12 +153,21 @@ def launch_bounds(warps):
 
 
 def flags(
-    mask_kind, mask_bool, kscale, tail, sink_tokens, sink_logits, raw_tail=0, kmean=0
+    mask_kind,
+    mask_bool,
+    kscale,
+    tail,
+    sink_tokens,
+    sink_logits,
+    raw_tail=0,
+    kmean=0,
+    in_place=0,
 ):
     """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
     0-1, then whether the mask is bool, the keys have a calibration scale, an exact
-    tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean
-    (the kernel's MASK_KIND ... HAS_KMEAN)."""
+    tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean,
+    the raw tail's row goes into its slot too (the kernel's MASK_KIND ...
+    ROW_IN_PLACE)."""
     return (
         mask_kind
         | mask_bool << 2
@@ -164,6 +177,7 @@ def flags(
         | sink_logits << 6
         | raw_tail << 7
         | kmean << 8
+        | in_place << 9
     )
 
 
@@ -239,7 +253,9 @@ class _Layer:
 _LAYERS = weakref.WeakKeyDictionary()  # codec -> _Layer
 
 
-def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
+def _cuda_decode_attention(
+    queries, kv, scale, mask, sinks, raw_tail=False, in_place=False
+):
     codec = kv.codec
     layer = _LAYERS.get(codec)
     if layer is None:
@@ -266,6 +282,7 @@ def _cuda_decode_attention(queries, kv, scale, mask, sinks, raw_tail=False):
         sinks is not None,
         kv.window or 0,
         raw_tail,
+        in_place,
     )
     inputs = [queries, *plan.inputs]  # the layer's constants and placeholders
     if stored_keys:
@@ -318,6 +335,7 @@ class _Plan:
         sink_logits,
         window,
         raw_tail,
+        in_place,
     ):
         B, n_q_heads, L, D = shape
         H = codec.n_kv_heads
@@ -378,6 +396,7 @@ class _Plan:
                 sink_logits,
                 raw_tail,
                 raw_tail and codec.key_mean is not None,
+                in_place,
             ),
         )
 
