@@ -630,14 +630,16 @@ def emulated_launch(calls):
     return launch
 
 
-def decode_steps(cache, steps, H=2, G=2, D=64, seed=30):
+def decode_steps(cache, steps, H=2, G=2, D=64, seed=30, dtype=mx.float32):
     """A model's decode steps through mlx-lm's attention: the outputs."""
     from mlx_lm.models import base
 
     outputs = []
     for step in range(steps):
         q, k, v = (
-            mx.random.normal((1, H * n, 1, D), key=mx.random.key(seed + 3 * step + i))
+            mx.random.normal(
+                (1, H * n, 1, D), key=mx.random.key(seed + 3 * step + i)
+            ).astype(dtype)
             for i, n in enumerate((G, 1, 1))
         )
         keys, values = cache.update_and_fetch(k, v)
@@ -833,11 +835,11 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
     # all built before anything is evaluated, as one graph.
     one = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
     two = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
-    out = decode_steps(one, 4, D=128)
+    out = decode_steps(one, 4, D=128, dtype=mx.float16)
     assert one._deferred is None  # each launch stored its token's row
     assert one._rows_in_place[0] == 768  # 766-767 ordered by the growth
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    for a, b in zip(out, decode_steps(two, 4, D=128)):
+    for a, b in zip(out, decode_steps(two, 4, D=128, dtype=mx.float16)):
         assert relative_error(a, b) < 1e-6
     states_equal(one, two)
 
@@ -855,13 +857,17 @@ def test_copies_of_a_cache_decode_apart(monkeypatch):
     out = {id(cache): [], id(twin): []}
     for step in range(4):
         for c, seed in ((cache, 100), (twin, 200)):
-            out[id(c)] += decode_steps(c, 3, D=128, seed=seed + 10 * step)
+            out[id(c)] += decode_steps(
+                c, 3, D=128, seed=seed + 10 * step, dtype=mx.float16
+            )
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for c, seed in ((cache, 100), (twin, 200)):
         alone = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
         reference = []
         for step in range(4):
-            reference += decode_steps(alone, 3, D=128, seed=seed + 10 * step)
+            reference += decode_steps(
+                alone, 3, D=128, seed=seed + 10 * step, dtype=mx.float16
+            )
         for a, b in zip(out[id(c)], reference, strict=True):
             assert relative_error(a, b) < 1e-6
         states_equal(c, alone)

@@ -96,6 +96,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
+        or not use_kernel(kv.codec)  # MLX_LM_TURBO_KERNEL=off since the update
         or _call_support(queries, kv, mask) is not None
     ):
         return None
