@@ -19,9 +19,13 @@ so the caches take turns for ``--rounds`` rounds (each a fresh cache and prefill
 the table gives medians. ``--profile N`` also prints, per cache, the N functions that
 take most of the build's host time (cProfile over the one-step runs of every round; it
 slows the Python down, so the table's build column is then not comparable).
+``--stub-kernels`` replaces the custom kernels by stand-ins returning zeroed outputs
+(``kernel_host_cost.stub_kernels``), so the fused path's Python and graph building can
+be timed on any machine (wrong outputs; the build column is what it is for).
 
     python benchmarks/decode_step_split.py --model PATH [--context 8000] [--steps 64]
-        [--caches fp16 turbo4 turbo2] [--rounds 5] [--profile 25] [--out results.md]
+        [--caches fp16 turbo4 turbo2] [--rounds 5] [--profile 25] [--stub-kernels]
+        [--out results.md]
 """
 
 import argparse
@@ -93,8 +97,13 @@ def main():
     parser.add_argument(
         "--profile", type=int, default=0, help="print the N costliest functions"
     )
+    parser.add_argument("--stub-kernels", action="store_true")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
+    if args.stub_kernels:
+        from kernel_host_cost import stub_kernels
+
+        stub_kernels()
     model, tokenizer = load(args.model)
     tokens = book_tokens(tokenizer, args.context + 2 * args.steps + 3)
     commit = subprocess.run(
