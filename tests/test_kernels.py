@@ -717,7 +717,7 @@ def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
     twin = copy.deepcopy(deferred)  # shares the buffers (capacity 48)
     assert in_place(3, 30) == [False, False, False]  # slots 45-47
     assert in_place(2, 40) == [True] * 2  # 48-49 in new buffers
-    deferred.keys
+    deferred.keys  # handed out whole (as a pipeline stage ties its send to it)
     assert in_place(6, 50) == [False] * 6  # 50-55
     assert in_place(1, 60) == [True]  # 56, in new buffers
 
