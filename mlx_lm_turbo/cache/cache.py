@@ -678,20 +678,17 @@ class TurboQuantKVCache(_TurboCache):
         self.settle()
         self._private_from = None
 
-    def __deepcopy__(self, memo):
-        # MLX arrays deep-copy by reference (mlx-lm's prompt caches copy caches so):
-        # the copy and this cache share the stored buffers from now on.
-        self._share_buffers()
-        copied = type(self).__new__(type(self))
-        memo[id(self)] = copied
-        for name, value in self.__dict__.items():
-            setattr(copied, name, copy.deepcopy(value, memo))
-        return copied
-
     def __copy__(self):
         self._share_buffers()
         copied = type(self).__new__(type(self))
         copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo):
+        # MLX arrays deep-copy by reference (mlx-lm's prompt caches copy caches so):
+        # the copy and this cache share the stored buffers from now on.
+        copied = memo[id(self)] = self.__copy__()
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return copied
 
     def _defers(self, keys):
@@ -756,9 +753,8 @@ class TurboQuantKVCache(_TurboCache):
             self._deferred = None
             stored, exact_keys, exact_values = encode(self.codec, keys, values)
             self._write(stored, position)
-            view.stored = (
-                self._stored_slice()
-            )  # sliced after the write, as a plain update
+            # sliced after the write, as a plain update
+            view.stored = self._stored_slice()
         elif view is not None and view.pending is self:
             _, exact_keys, exact_values = encode(
                 self.codec, view.new_keys, view.new_values
