@@ -4,6 +4,7 @@ No GPU needed: catches syntax and template errors before device time is spent.
 The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp16 types).
 
     python scripts/compile_kernels.py [--arch sm_90]
+    python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
 """
 
 import argparse
@@ -96,6 +97,76 @@ def attention_variants():
         )
 
 
+def simd_variants():
+    """The shared SIMD bodies' CUDA variants: (dtype, mask dtype, partials template,
+    merge template)."""
+    from mlx_lm_turbo.kernels.decode_attention import flags
+
+    for dtype, D, (G, L), (KB, VB), mask in itertools.product(
+        ("float16", "bfloat16", "float32"),
+        (64, 128, 256),
+        ((4, 1), (1, 1), (3, 8)),
+        ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4)),
+        (0, 1, 2),
+    ):
+        R = min(G * L, 1024 // D)
+        mask_bool = mask != 2 or D != 128  # an additive mask at D = 128
+        mask_dtype = "bool" if mask_bool else dtype
+        flag_bits = flags(mask, mask_bool, D == 64, L > 1, G == 4, False)
+        common = [("D", D), ("G", G), ("L", L), ("R", R)]
+        partials = [("T", dtype), ("MT", mask_dtype), *common, ("KB", KB), ("VB", VB)]
+        partials += [("NW", 4), ("FLAGS", flag_bits), ("WINDOW", 32 if L > 1 else 0)]
+        merge = [("T", dtype), *common, ("NW", 4), ("HAS_SINKS", int(D != 128))]
+        yield dtype, mask_dtype, partials, merge
+
+
+def simd_units(dtype, mask_dtype, partials, merge):
+    """The two translation units MLX-CUDA builds for one variant of the SIMD kernels."""
+    from mlx_lm_turbo.kernels import decode_attention_simd as simd
+
+    header = simd.kernel_header("cuda")
+    types = {"rows": "uint32", "sink_pos": "int32", "mask": mask_dtype}
+    exact = ("q", "keys", "sink_keys", "sink_values", "tail_keys", "tail_values")
+    types.update({name: dtype for name in exact})
+    return [
+        wrap(
+            "simd_attention",
+            simd.kernel_source("cuda", simd.BODIES[0]),
+            header,
+            [(n, types.get(n, "float32")) for n in simd.INPUTS],
+            [("parts", "float32"), ("stats", "float32")],
+            partials,
+        ),
+        wrap(
+            "simd_merge",
+            simd.kernel_source("cuda", simd.BODIES[1]),
+            header,
+            [(n, "float32") for n in simd.MERGE_INPUTS],
+            [("out", dtype)],
+            merge,
+        ),
+    ]
+
+
+def compile_unit(unit, arch, path):
+    """nvcc's run on one translation unit written to ``path``."""
+    path.write_text(unit)
+    return subprocess.run(
+        [
+            "nvcc",
+            "-std=c++17",
+            f"-arch={arch}",
+            "-c",
+            "-o",
+            "/dev/null",
+            "--resource-usage",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_90")
@@ -108,7 +179,16 @@ def main():
         nargs="*",
         help="compile these attention variants only (54: the decode benchmark's)",
     )
+    parser.add_argument(
+        "--simd",
+        action="store_true",
+        help="compile every n-th variant of the shared SIMD kernels' CUDA build instead",
+    )
     args = parser.parse_args()
+    if args.simd:
+        variants = list(simd_variants())[:: args.every]
+        units = [unit for variant in variants for unit in simd_units(*variant)]
+        sys.exit(compile_all(units, args.arch))
     from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source
 
@@ -174,32 +254,22 @@ def main():
                 encode.template(dtype, D, KB, VB, True, D == 64),
             )
         )
+    sys.exit(compile_all(units, args.arch))
+
+
+def compile_all(units, arch):
+    """Compile each unit, say how it went; 1 if any failed, else 0."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
-            src = Path(tmp) / f"unit{n}.cu"
-            src.write_text(unit)
-            run = subprocess.run(
-                [
-                    "nvcc",
-                    "-std=c++17",
-                    f"-arch={args.arch}",
-                    "-c",
-                    "-o",
-                    "/dev/null",
-                    "--resource-usage",
-                    str(src),
-                ],
-                capture_output=True,
-                text=True,
-            )
+            run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu")
             usage = re.findall(r"Used \d+ registers.*", run.stderr)
             if run.returncode:
                 failed += 1
                 print(f"unit {n} FAILED:\n{run.stderr[:4000]}")
             else:
                 print(f"unit {n} ok {usage[:1]}")
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
