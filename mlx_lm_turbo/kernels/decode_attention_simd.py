@@ -44,7 +44,6 @@ MAX_ROW_VALUES = 1024
 MIN_SLICE_TOKENS = THREADS
 TARGET_THREADGROUPS = 512
 MAX_PARTS = 64  # the merge keeps a weight per part and row in threadgroup memory
-CODE_BITS = (2, 3, 4, 8)  # key bits 0 too: keys stored as they are (turbo0vN)
 
 INPUTS = (
     "q",
@@ -130,9 +129,6 @@ def simd_call_support(queries, kv, mask):
             f"head dims {codec.key_dim} / {codec.value_dim} (the SIMD kernels take "
             f"equal ones of {', '.join(map(str, HEAD_DIMS))})"
         )
-    scheme = codec.scheme
-    if scheme.key_bits not in (0, *CODE_BITS) or scheme.value_bits not in CODE_BITS:
-        return f"{scheme.key_bits}-bit keys, {scheme.value_bits}-bit values"
     return None
 
 

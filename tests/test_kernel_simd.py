@@ -1,0 +1,554 @@
+"""The shared SIMD decode-attention kernels (CUDA and Metal from one source) against
+the portable path.
+
+Everywhere: the sources each backend gets, the calls' support, and the kernels'
+arithmetic re-done in MLX ops (``emulated_kernels``) on the very inputs a call passes.
+On MLX-CUDA (``gpu``, skipped elsewhere): the CUDA build of the shared bodies against
+the portable path, as tests/test_kernels.py checks the fused kernel (same tolerances).
+The Metal build has never run: there is no Apple GPU here.
+"""
+
+import math
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from conftest import relative_error
+from test_kernels import (
+    BF16_TOLERANCE,
+    TOLERANCE,
+    filled_cache,
+    float32_reference,
+    step_inputs,
+)
+
+from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+from mlx_lm_turbo.codec.codec import split_rows
+from mlx_lm_turbo.codec.packing import unpack
+from mlx_lm_turbo.kernels import KERNEL_ENV, dispatch
+from mlx_lm_turbo.kernels import decode_attention_simd as simd
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def portable_caches(monkeypatch):
+    """Caches encode every token themselves (no decode token left to a launch), and the
+    reference is the portable path."""
+    monkeypatch.setenv(KERNEL_ENV, "off")
+
+
+# -- the sources -----------------------------------------------------------------
+SHARED = (*simd.BODIES, "decode_attention_simd.h")
+# Spellings of one backend that must not reach the shared sources.
+BACKEND_ONLY = [
+    r"__\w+",  # CUDA's __syncthreads, __shfl_*, __half, __shared__, __device__, ...
+    r"\b(threadIdx|blockIdx|blockDim|gridDim|turbo::|asm|nv_bfloat16)\b",
+    r"\bif constexpr\b|\[&\]|\[=\]",  # C++17 and lambdas: MSL is C++14 without lambdas
+    r"\b(threadgroup|device|constant|thread|half|bfloat|metal|simd_\w+|as_type)\b",
+    r"\b(thread_index_in_\w+|simdgroup_index_in_\w+|threadgroup_position_in_\w+)\b",
+]
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_sources_use_no_backend_spelling(name):
+    text = dispatch.source(name)
+    for pattern in BACKEND_ONLY:
+        assert not re.search(pattern, text), (name, re.search(pattern, text).group())
+
+
+@pytest.mark.parametrize("body", simd.BODIES)
+def test_each_backend_source_declares_the_indices_from_its_own_names(body):
+    metal, cuda = (simd.kernel_source(b, body) for b in ("metal", "cuda"))
+    # MLX adds a Metal attribute to the signature where the source (not the header) names it
+    for attribute in (
+        "threadgroup_position_in_grid",
+        "threadgroups_per_grid",
+        "thread_index_in_threadgroup",
+        "thread_index_in_simdgroup",
+        "simdgroup_index_in_threadgroup",
+    ):
+        assert attribute in metal and attribute not in cuda
+    assert "blockIdx" in cuda and "blockIdx" not in metal
+    shared = dispatch.source(body)
+    assert metal.endswith(shared) and cuda.endswith(shared)
+    assert "simd_sum" in simd.kernel_header("metal")
+    assert "warp_sum" in simd.kernel_header("cuda")
+
+
+def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
+    names = {"cuda": [], "metal": []}
+    for backend in names:
+        monkeypatch.setattr(
+            mx.fast,
+            f"{backend}_kernel",
+            lambda name, b=backend, **options: names[b].append(name),
+            raising=False,
+        )
+
+    def build_all():
+        simd.kernels.cache_clear()
+        dispatch.source.cache_clear()
+        for backend in names:
+            simd.kernels(backend)
+        return [n for built in names.values() for n in built[-2:]]
+
+    first = build_all()
+    assert len(set(first)) == 4 and first == build_all()
+    read = dispatch.Path.read_text
+    for edited in (*SHARED, "simd_prelude_metal.h", "simd_prelude_cuda.h"):
+        monkeypatch.setattr(
+            dispatch.Path,
+            "read_text",
+            lambda path, *a, e=edited: (
+                read(path, *a) + ("\nint changed;" if path.name == e else "")
+            ),
+        )
+        renamed = [a != b for a, b in zip(first, build_all())]
+        backend = re.search(r"prelude_(\w+)\.h", edited)
+        if backend:  # its own backend's two kernels
+            assert renamed == [backend[1] == b for b in names for _ in (0, 1)]
+        elif edited.endswith(".h"):  # every kernel
+            assert all(renamed), edited
+        else:  # that body's kernel on both backends
+            at = simd.BODIES.index(edited)
+            assert renamed == [i == at for _ in names for i in (0, 1)], edited
+    monkeypatch.undo()
+    simd.kernels.cache_clear()
+    dispatch.source.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_cuda_build_compiles():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import compile_kernels
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    # 3-bit codes (words straddled), sink tokens, a tail in a window, an additive mask
+    variant = next(
+        v
+        for v in compile_kernels.simd_variants()
+        if dict(v[2])["KB"] == 3 and dict(v[2])["L"] == 8 and v[1] != "bool"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, unit in enumerate(compile_kernels.simd_units(*variant)):
+            run = compile_kernels.compile_unit(unit, "sm_90", Path(tmp) / f"{n}.cu")
+            assert run.returncode == 0, run.stderr[-4000:]
+
+
+# -- which calls the kernels take ---------------------------------------------------
+def test_calls_they_do_not_cover_go_to_the_portable_path():
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    assert simd.simd_call_support(q, view, mask) is None
+    long_q = mx.zeros((1, 4, 9, 64), mx.float16)
+    assert simd.simd_call_support(long_q, view, mask) == "prefill"
+    assert "dtype" in simd.simd_call_support(q.astype(mx.float32), view, mask)
+    if dispatch.gpu_backend() is None:  # no GPU here: nothing to run on
+        assert simd.simd_decode_attention(q, view, 0.125, mask) is None
+    wide = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 96, mx.float16)
+    q, view, mask = step_inputs(wide, 1, 2, 2, 96, mx.float16)
+    assert "head dims 96 / 96" in simd.simd_call_support(q, view, mask)
+    assert simd.simd_decode_attention(q, view, 0.1, mask, backend="cuda") is None
+
+
+def test_a_token_not_encoded_yet_is_left_to_its_cache(monkeypatch):
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float32)
+    assert view.pending is cache
+    assert simd.simd_decode_attention(q, view, 0.125, mask, backend="metal") is None
+
+
+# -- the kernels' arithmetic in MLX ops, on any machine ------------------------------
+MASKED = -1e30
+
+
+def exp2(x):
+    return mx.exp(x * math.log(2))
+
+
+def recent_tokens(recent):
+    """A cache's options for ``recent`` exact recent tokens (None: the default)."""
+    return {} if recent is None else {"recent_exact": recent}
+
+
+def emulated_kernels(calls):
+    """Stand-ins for the two kernels computing what their bodies compute (per slice,
+    not per simd-group: within a slice only the order of the sums differs) with MLX
+    ops, from the inputs, template values and grid a call passes (kept in ``calls``)."""
+
+    def partials(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        calls.append(dict(inputs=inputs, template=template, grid=grid))
+        q, consts, kscale, keys, rows = inputs[:5]
+        sink_keys, sink_values, sink_pos, tail_keys, tail_values, mask = inputs[5:]
+        t = dict(template)
+        D, G, L, R, KB, VB = (t[k] for k in ("D", "G", "L", "R", "KB", "VB"))
+        flags, window = t["FLAGS"], t["WINDOW"]
+        B, H, NRG, n_parts = output_shapes[0][:4]
+        T, rows_n = rows.shape[2], NRG * R
+        assert grid == (n_parts * simd.THREADS, B * H * NRG, 1)
+        x = q.astype(mx.float32).reshape(B, H, G * L, D)  # row g * L + i
+        if flags & 8:
+            x = x * kscale[:, :, None, :]
+        if KB:
+            x = mx.hadamard_transform(x * consts[2 : 2 + D], scale=1.0)
+        x = mx.pad(x * consts[0], [(0, 0), (0, 0), (0, rows_n - G * L), (0, 0)])
+        row = mx.arange(rows_n)[:, None]
+        i, first_query = row % L, T - L
+        key_codes, key_norms, value_codes, value_norms = split_rows(rows, D * KB // 32)
+        levels = 2 + 2 * D
+        if KB:
+            keys = consts[levels : levels + 2**KB][unpack(key_codes, KB, D)] * key_norms
+            levels += 2**KB
+        values = consts[levels : levels + 2**VB][unpack(value_codes, VB, D)]
+        values = values * value_norms
+        n_exact = tail_keys.shape[2] if flags & 16 else 0
+        positions = sink_pos[:, 0, :, 0] if flags & 32 else mx.zeros((B, 0), mx.int32)
+        n_sinks = positions.shape[1]
+
+        def exact_here(at):  # at: (B, n) token positions -> (B, 1, rows, n)
+            at = at[:, None, None, :]
+            return (at >= T - n_exact) & (
+                mx.array(window <= 0) | (at > first_query + i - window)
+            )
+
+        def scores(keys, at, take):
+            s = x @ keys.astype(mx.float32).swapaxes(-1, -2)
+            visible = take & (row < G * L)
+            at = at[:, None, None, :]
+            term = 0.0
+            if flags & 3 == 1:
+                visible = visible & (at <= first_query + i)
+            elif flags & 3 == 2:
+                m = mask.reshape(B, H, G * L, T)
+                m = mx.pad(m, [(0, 0), (0, 0), (0, rows_n - G * L), (0, 0)])
+                m = mx.take_along_axis(
+                    m, mx.broadcast_to(at, (B, H, rows_n, at.shape[-1])), -1
+                )
+                if flags & 4:
+                    visible = visible & m
+                else:
+                    term = m.astype(mx.float32) * math.log2(math.e)
+            return mx.where(visible, mx.maximum(s + term, MASKED), MASKED)
+
+        every = mx.broadcast_to(mx.arange(T)[None], (B, T))
+        is_sink = (positions[:, :, None] == every[:, None, :]).any(axis=1)
+        compressed = scores(keys, every, ~(is_sink[:, None, None] | exact_here(every)))
+        exact_at = mx.concatenate(
+            [positions, mx.broadcast_to(mx.arange(T - n_exact, T)[None], (B, n_exact))],
+            1,
+        )
+        from_sink = mx.arange(n_sinks + n_exact) < n_sinks
+        here = exact_here(exact_at)
+        exact_keys = [a for a, f in ((sink_keys, 32), (tail_keys, 16)) if flags & f]
+        exact_values = [
+            a for a, f in ((sink_values, 32), (tail_values, 16)) if flags & f
+        ]
+        n_splits = n_parts - (n_exact + n_sinks > 0)
+        split_len = math.ceil(math.ceil(T / n_splits) / 32) * 32
+        pieces = [
+            (compressed[..., a : a + split_len], values[:, :, a : a + split_len])
+            for a in range(0, n_splits * split_len, split_len)
+        ]
+        if exact_keys:
+            pieces.append(
+                (
+                    scores(
+                        mx.concatenate(exact_keys, 2),
+                        exact_at,
+                        mx.where(from_sink, ~here, here),
+                    ),
+                    mx.concatenate(exact_values, 2).astype(mx.float32),
+                )
+            )
+        outs, stats = [], []
+        for s, v in pieces:
+            if s.shape[-1] == 0:
+                s = mx.full((*s.shape[:-1], 1), MASKED)
+                v = mx.zeros((B, H, 1, D))
+            M = s.max(axis=-1, keepdims=True)
+            p = mx.where(s > MASKED, exp2(s - M), 0.0)
+            outs.append(p @ v)
+            stats.append(mx.concatenate([M, p.sum(axis=-1, keepdims=True)], -1))
+
+        def parted(parts):  # n_parts x (B, H, rows, k) -> (B, H, NRG, n_parts, R, k)
+            a = mx.stack(parts, 2).reshape(B, H, n_parts, NRG, R, -1)
+            return a.transpose(0, 1, 3, 2, 4, 5)
+
+        return parted(outs), parted(stats)
+
+    def merge(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        parts, stats, consts, logits = inputs
+        t = dict(template)
+        D, G, L, R = (t[k] for k in ("D", "G", "L", "R"))
+        B, H, NRG = stats.shape[:3]
+        M = stats[..., 0].max(axis=3)  # (B, H, NRG, R)
+        if t["HAS_SINKS"]:
+            sink = logits.reshape(B, H, G * L)
+            sink = mx.pad(
+                sink, [(0, 0), (0, 0), (0, NRG * R - G * L)], constant_values=MASKED
+            )
+            sink = sink.reshape(B, H, NRG, R)
+            M = mx.maximum(M, sink)
+        w = exp2(stats[..., 0] - M[:, :, :, None])
+        total = (w * stats[..., 1]).sum(axis=3)
+        if t["HAS_SINKS"]:
+            total = total + exp2(sink - M)
+        o = (w[..., None] * parts).sum(axis=3)
+        o = mx.where(total[..., None] > 0, o / total[..., None], 0.0)
+        o = o.reshape(B, H, NRG * R, D)[:, :, : G * L]
+        o = mx.hadamard_transform(o, scale=1.0) * consts[1] * consts[2 + D : 2 + 2 * D]
+        return [o.reshape(output_shapes[0]).astype(output_dtypes[0])]
+
+    return partials, merge
+
+
+def emulated_check(monkeypatch, q, view, mask, sinks=None):
+    calls = []
+    monkeypatch.setattr(simd, "kernels", lambda backend: emulated_kernels(calls))
+    scale = q.shape[-1] ** -0.5
+    out = simd.simd_decode_attention(q, view, scale, mask, sinks, backend="metal")
+    assert out is not None and len(calls) == 1
+    portable = turbo_scaled_dot_product_attention(q, view, scale, mask, sinks)
+    assert out.shape == portable.shape and out.dtype == portable.dtype
+    assert relative_error(out, portable) < TOLERANCE
+    return calls[0]
+
+
+@pytest.mark.parametrize(
+    "scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo3v2", "turbo0v4"]
+)
+@pytest.mark.parametrize("D", [64, 128])
+def test_emulated_widths_and_head_dims(monkeypatch, scheme, D):
+    cache = filled_cache(TurboQuantKVCache(scheme), 300, 2, D, mx.float32)
+    q, view, mask = step_inputs(cache, 1, 2, 4, D, mx.float32)
+    emulated_check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.parametrize("G, L", [(1, 1), (3, 8), (5, 2), (8, 2)])
+def test_emulated_gqa_ratios_and_verify_steps(monkeypatch, G, L):
+    # 5 x 2 rows at head dim 128: two groups of 8 rows, the second padded
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float32)
+    q, view, mask = step_inputs(cache, L, 2, G, 128, mx.float32)
+    call = emulated_check(monkeypatch, q, view, mask)
+    assert dict(call["template"])["R"] == min(G * L, 8)
+
+
+@pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
+def test_emulated_calibrations_and_attention_sinks(monkeypatch, calibration):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", key_calibration=calibration),
+        300,
+        2,
+        64,
+        mx.float16,
+    )
+    q, view, mask = step_inputs(cache, 2, 2, 2, 64, mx.float16)
+    sinks = 3 * mx.random.normal((4,), key=mx.random.key(3))
+    emulated_check(monkeypatch, q, view, mask, sinks)
+
+
+@pytest.mark.parametrize("recent", [None, 8])
+def test_emulated_sliding_windows(monkeypatch, recent):
+    cache = filled_cache(
+        TurboQuantRotatingKVCache("turbo4", max_size=64, **recent_tokens(recent)),
+        150,
+        2,
+        64,
+        mx.float32,
+        chunk=50,
+    )
+    for step in range(2):
+        mask = cache.make_mask(1, window_size=64)
+        q, view, _ = step_inputs(cache, 1, 2, 2, 64, mx.float32, seed=10 + step)
+        assert view.sinks is not None
+        emulated_check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.parametrize("L", [1, 4])
+def test_emulated_recent_tokens_read_exactly(monkeypatch, L):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo3", recent_exact=16), 200, 2, 64, mx.float32
+    )
+    q, view, mask = step_inputs(cache, L, 2, 2, 64, mx.float32)
+    assert view.window == 16
+    emulated_check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_emulated_batch_rows_with_left_padding(monkeypatch, additive):
+    singles = [
+        filled_cache(TurboQuantKVCache("turbo3"), n, 2, 64, mx.float32, seed=n)
+        for n in (300, 40, 500)
+    ]
+    batch = TurboQuantKVCache.merge(singles)
+    k = mx.random.normal((3, 2, 1, 64), key=mx.random.key(1))
+    q = mx.random.normal((3, 4, 1, 64), key=mx.random.key(2))
+    mask = batch.make_mask(1, return_array=True)
+    if additive:
+        mask = mx.where(mask, 0.0, -mx.inf)
+    view, _ = batch.update_and_fetch(k, k)
+    call = emulated_check(monkeypatch, q, view, mask)
+    assert dict(call["template"])["FLAGS"] & 7 == (2 if additive else 6)
+
+
+def test_emulated_long_context_uses_every_part(monkeypatch):
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 9000, 1, 64, mx.float32)
+    q, view, mask = step_inputs(cache, 1, 1, 1, 64, mx.float32)
+    call = emulated_check(monkeypatch, q, view, mask)
+    assert call["grid"][0] == simd.MAX_PARTS * simd.THREADS  # 63 slices + the tail
+
+
+# -- on the GPU: the CUDA build of the shared bodies ---------------------------------
+def check(monkeypatch, q, view, mask, sinks=None):
+    """The CUDA build against the portable path (bfloat16: against float32, as
+    tests/test_kernels.py's check)."""
+    scale = q.shape[-1] ** -0.5
+    portable = turbo_scaled_dot_product_attention(q, view, scale, mask, sinks)
+    out = simd.simd_decode_attention(q, view, scale, mask, sinks, backend="cuda")
+    assert out is not None, "the kernels declined a case they cover"
+    mx.eval(portable, out)
+    assert out.shape == portable.shape and out.dtype == portable.dtype
+    if q.dtype != mx.bfloat16:
+        assert relative_error(out, portable) < TOLERANCE
+        return
+    exact = float32_reference(monkeypatch, q, view, mask, sinks)
+    assert relative_error(out, exact) < BF16_TOLERANCE
+    assert relative_error(out, exact) <= relative_error(portable, exact)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "turbo4",
+        "turbo3",
+        "turbo2",
+        "turbo8",
+        "turbo4v2",
+        "turbo3v2",
+        "turbo0v4",
+        "turbo0v2",
+        "turbo8v4",
+    ],
+)
+def test_every_width_matches_the_portable_path(monkeypatch, scheme):
+    cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo0v3"])
+def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
+    cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, D, dtype)
+    q, view, mask = step_inputs(cache, 1, 2, 4, D, dtype)
+    check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("G", [1, 3, 5, 8])
+@pytest.mark.parametrize("L", [1, 2, 8])
+def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4"), 3000, 4, 128, mx.float16, chunk=1024
+    )
+    q, view, mask = step_inputs(cache, L, 4, G, 128, mx.float16)
+    check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
+@pytest.mark.parametrize("L", [1, 3])
+def test_key_calibrations_and_attention_sinks(monkeypatch, calibration, L):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", key_calibration=calibration),
+        900,
+        4,
+        64,
+        mx.bfloat16,
+    )
+    q, view, mask = step_inputs(cache, L, 4, 2, 64, mx.bfloat16)
+    check(monkeypatch, q, view, mask)
+    sinks = 3 * mx.random.normal((8,), key=mx.random.key(3))  # GPT-OSS's
+    check(monkeypatch, q, view, mask, sinks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
+@pytest.mark.parametrize("max_size, recent", [(512, None), (64, None), (64, 32)])
+def test_sliding_windows(monkeypatch, scheme, max_size, recent):
+    # (64, None) from 70 tokens: a young window's first tokens read exactly in the ring
+    cache = filled_cache(
+        TurboQuantRotatingKVCache(scheme, max_size=max_size, **recent_tokens(recent)),
+        1500 if max_size == 512 else 70,
+        2,
+        128,
+        mx.float16,
+        chunk=500,
+    )
+    for step in range(3):  # the ring wraps
+        mask = cache.make_mask(1, window_size=max_size)
+        q, view, _ = step_inputs(cache, 1, 2, 4, 128, mx.float16, seed=10 + step)
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["turbo3", "turbo0v4"])
+@pytest.mark.parametrize("recent", [None, 32])
+@pytest.mark.parametrize("additive", [False, True])
+def test_batch_rows_of_different_lengths(monkeypatch, scheme, recent, additive):
+    singles = [
+        filled_cache(
+            TurboQuantKVCache(scheme, **recent_tokens(recent)),
+            n,
+            4,
+            128,
+            mx.float16,
+            seed=n,
+        )
+        for n in (700, 20, 1300)
+    ]
+    batch = TurboQuantKVCache.merge(singles)
+    for step in range(2):
+        k = mx.random.normal((3, 4, 1, 128), key=mx.random.key(step)).astype(mx.float16)
+        q = mx.random.normal((3, 16, 1, 128), key=mx.random.key(step + 5)).astype(
+            mx.float16
+        )
+        mask = batch.make_mask(1, return_array=True)
+        if additive:
+            mask = mx.where(mask, 0.0, -mx.inf).astype(mx.float16)
+        view, _ = batch.update_and_fetch(k, k)
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 2, 8])
+def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=32), 700, 2, 128, mx.float16, chunk=300
+    )
+    for step in range(2):
+        q, view, mask = step_inputs(cache, L, 2, 4, 128, mx.float16, seed=30 + step)
+        assert view.window == 32 and view.new_keys.shape[2] == 31 + L
+        check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
+    )
+    q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    check(monkeypatch, q, view, mask)
