@@ -66,7 +66,8 @@ def wrap(name, body, header, inputs, outputs, template):
 
 
 def attention_variants():
-    from mlx_lm_turbo.kernels.decode_attention import flags, template
+    from mlx_lm_turbo.kernels.decode_attention import template
+    from mlx_lm_turbo.kernels.decode_call import flags
 
     for dtype, D, (G, L), (KB, VB), mask in itertools.product(
         ("float16", "bfloat16", "float32"),
@@ -100,7 +101,7 @@ def attention_variants():
 def simd_variants():
     """The shared SIMD bodies' CUDA variants: (dtype, mask dtype, partials template,
     merge template)."""
-    from mlx_lm_turbo.kernels.decode_attention import flags
+    from mlx_lm_turbo.kernels.decode_call import flags
 
     for dtype, D, (G, L), (KB, VB), mask in itertools.product(
         ("float16", "bfloat16", "float32"),

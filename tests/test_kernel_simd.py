@@ -168,6 +168,35 @@ def test_a_token_not_encoded_yet_is_left_to_its_cache(monkeypatch):
     assert simd.simd_decode_attention(q, view, 0.125, mask, backend="metal") is None
 
 
+def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
+    """On Metal the kernels have never run: ``auto`` keeps the portable path, ``on``
+    sends decode attention to the simple kernels, and neither the fast CUDA kernel
+    nor the encode kernels are asked for."""
+    from mlx_lm_turbo.kernels import decode_attention, encode
+
+    monkeypatch.setattr(dispatch, "_gpu_backend", lambda device: "metal")
+    dispatch._layer_support.cache_clear()
+    monkeypatch.setattr(dispatch, "_layer_support", dispatch._layer_support.__wrapped__)
+    calls = []
+    monkeypatch.setattr(
+        decode_attention,
+        "simd_decode_attention",
+        lambda q, kv, scale, mask, sinks, backend: calls.append(backend) or q,
+    )
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    assert "=on enables it" in dispatch.layer_support(64, 64)
+    assert decode_attention.fused_decode_attention(q, view, 0.125, mask) is None
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    assert dispatch.layer_support(64, 64) is None
+    assert decode_attention.fused_decode_attention(q, view, 0.125, mask) is q
+    assert calls == ["metal"]
+    assert not decode_attention.raw_tail_support(cache.codec)
+    assert encode.fused_encode(cache.codec, q, q) is None
+    assert "head dim 96" in dispatch.layer_support(96, 96)
+
+
 # -- the kernels' arithmetic in MLX ops, on any machine ------------------------------
 MASKED = -1e30
 

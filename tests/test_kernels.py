@@ -545,9 +545,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
                     name
                 )
             code = dict(again["template"])["CODE"]
-            flag_bits = (
-                code >> 13
-            )  # decode_attention.flags(): tail 16, tokens 32, logits 64
+            flag_bits = code >> 13  # decode_call.flags(): tail 16, tokens 32, logits 64
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
             assert bool(flag_bits & 64) == (sinks is not None)

@@ -6,6 +6,10 @@
   reading the packed codes directly (reference: the portable path of
   ``attention.turbo_scaled_dot_product_attention``); at decode it also encodes the
   new token in the same launch (reference: ``encode``).
+- ``decode_attention_simd``: the same attention by a simple kernel written once for
+  CUDA and Metal; on Apple GPUs, where it has not run yet, only under
+  ``MLX_LM_TURBO_KERNEL=on``; its CUDA build verifies the shared source.
+- ``decode_call``: which calls the decode kernels take, and what they share.
 - ``dispatch``: where each runs, and ``MLX_LM_TURBO_KERNEL``.
 """
 

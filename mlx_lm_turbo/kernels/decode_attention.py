@@ -25,11 +25,17 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .dispatch import broadcast_rows, cuda_kernel, placeholder, source, use_kernel
-
-MAX_QUERIES = (
-    8  # decode and speculative decoding's verify step; longer queries are prefill
+from .decode_attention_simd import simd_decode_attention
+from .decode_call import MAX_SINKS, call_support, flags, sink_logits
+from .dispatch import (
+    broadcast_rows,
+    cuda_kernel,
+    gpu_backend,
+    placeholder,
+    source,
+    use_kernel,
 )
+
 WARPS = 4
 # Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.
 MAX_ROW_VALUES = 1024
@@ -42,27 +48,6 @@ TARGET_BLOCKS = (
 # The merging block keeps a weight per part and query row in its staging memory
 # (at least WARPS * 64 * rows floats): parts (slices + 1) <= 256 fit at every head dim.
 MAX_SLICES = 255
-MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
-MAX_GROUP = 255  # query heads per KV head (8 bits of the SHAPE template value)
-
-
-def _call_support(queries, kv, mask):
-    """Why this call goes to the portable path although the layer is served; None if not."""
-    if queries.shape[2] > MAX_QUERIES:
-        return "prefill"
-    if queries.shape[1] // kv.codec.n_kv_heads > MAX_GROUP:
-        return f"more than {MAX_GROUP} query heads per KV head"
-    if kv.stored is None:
-        return "no compressed history yet"
-    if queries.dtype != kv.codec.dtype:
-        return "queries and cache differ in dtype"
-    if kv.sinks is not None and kv.sinks[0].shape[2] > MAX_SINKS:
-        return f"more than {MAX_SINKS} sink tokens"
-    if isinstance(mask, str) and mask != "causal":
-        return f"mask {mask!r}"
-    if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
-        return "a mask that does not span the cache"
-    return None
 
 
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
@@ -71,9 +56,11 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     if (
         kv.pending is not None
         or not use_kernel(kv.codec)
-        or _call_support(queries, kv, mask) is not None
+        or call_support(queries, kv, mask) is not None
     ):
         return None
+    if gpu_backend() == "metal":  # the simple kernels: Metal cannot run this one
+        return simd_decode_attention(queries, kv, scale, mask, sinks, "metal")
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)[0]
 
 
@@ -81,7 +68,7 @@ def raw_tail_support(codec) -> bool:
     """Whether a decode token of this codec's layer may reach the kernel as the model gave
     it (``fused_decode_and_encode``): the kernels serve the layer and its keys are
     quantized (turbo0vN keeps them as they are, in an array of their own)."""
-    return codec.scheme.key_bits > 0 and use_kernel(codec)
+    return codec.scheme.key_bits > 0 and use_kernel(codec) and gpu_backend() == "cuda"
 
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):
@@ -97,7 +84,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
         or not use_kernel(kv.codec)  # MLX_LM_TURBO_KERNEL=off since the update
-        or _call_support(queries, kv, mask) is not None
+        or call_support(queries, kv, mask) is not None
     ):
         return None
     out, _, rows = _cuda_decode_attention(
@@ -150,35 +137,6 @@ def launch_bounds(warps):
     return (
         "#undef __global__\n"
         f"#define __global__ __location__(global) __launch_bounds__({32 * warps}, {blocks})\n"
-    )
-
-
-def flags(
-    mask_kind,
-    mask_bool,
-    kscale,
-    tail,
-    sink_tokens,
-    sink_logits,
-    raw_tail=0,
-    kmean=0,
-    in_place=0,
-):
-    """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
-    0-1, then whether the mask is bool, the keys have a calibration scale, an exact
-    tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean,
-    the raw tail's row goes into its slot too (the kernel's MASK_KIND ...
-    ROW_IN_PLACE)."""
-    return (
-        mask_kind
-        | mask_bool << 2
-        | kscale << 3
-        | tail << 4
-        | sink_tokens << 5
-        | sink_logits << 6
-        | raw_tail << 7
-        | kmean << 8
-        | in_place << 9
     )
 
 
@@ -300,13 +258,7 @@ def _cuda_decode_attention(
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         inputs[AT["mask"]] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
     if sinks is not None:
-        logits = mx.broadcast_to(
-            sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L)
-        )
-        shift = codec.score_shift(queries, scale)
-        if shift is not None:  # centring moved every score by it; move the sink instead
-            logits = logits - shift[..., 0]
-        inputs[AT["sink_logits"]] = mx.contiguous(logits * math.log2(math.e))
+        inputs[AT["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
     inputs[AT["previous"]] = layer.previous
     n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
     outputs = _kernel(WARPS, raw_tail)(

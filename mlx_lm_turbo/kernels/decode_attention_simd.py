@@ -3,7 +3,7 @@ Metal (Apple GPUs, which cannot run ``decode_attention.cu``'s tensor-core code).
 
 Computes what ``attention.turbo_scaled_dot_product_attention`` computes from the same
 ``TurboKV`` (its portable path is the reference), for queries of 1 to
-``decode_attention.MAX_QUERIES`` tokens, as ``decode_attention.cu`` does but simply: no
+``decode_call.MAX_QUERIES`` tokens, as ``decode_attention.cu`` does but simply: no
 tensor cores, no asynchronous copies, no encoding of a raw decode token, two launches.
 
 ``decode_attention_simd.body``: one threadgroup per (slice of the tokens, KV head,
@@ -18,7 +18,6 @@ indices (``INDICES``). The CUDA build runs on the H200 against the portable path
 verifies the shared bodies; the Metal build has never run on an Apple GPU.
 """
 
-import hashlib
 import math
 import weakref
 from functools import lru_cache
@@ -26,12 +25,13 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
-from .decode_attention import MAX_SINKS, _call_support, flags
+from .decode_call import MAX_SINKS, call_support, flags, sink_logits
 from .dispatch import (
     HEAD_DIMS,
     broadcast_rows,
     cuda_kernel,
     gpu_backend,
+    metal_kernel,
     placeholder,
     source,
 )
@@ -91,21 +91,6 @@ def kernel_header(backend):
     return "\n".join(source(name) for name in parts) + "\n"
 
 
-def metal_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.metal_kernel`` under a name that carries a digest of what it compiles,
-    as ``dispatch.cuda_kernel`` names CUDA's."""
-    text = "\0".join([*input_names, *output_names, header, source])
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return mx.fast.metal_kernel(
-        name=f"{name}_{digest}",
-        input_names=list(input_names),
-        output_names=list(output_names),
-        source=source,
-        header=header,
-        ensure_row_contiguous=False,
-    )
-
-
 @lru_cache(maxsize=None)
 def kernels(backend):
     """(partials kernel, merge kernel) built for ``backend`` ('cuda' or 'metal')."""
@@ -120,7 +105,7 @@ def kernels(backend):
 
 def simd_call_support(queries, kv, mask):
     """Why this call goes to the portable path; None if the SIMD kernels take it."""
-    reason = _call_support(queries, kv, mask)
+    reason = call_support(queries, kv, mask)
     if reason is not None:
         return reason
     codec = kv.codec
@@ -241,17 +226,6 @@ def simd_decode_attention(queries, kv, scale, mask, sinks=None, backend=None):
         output_dtypes=[dtype],
     )
     return out
-
-
-def sink_logits(queries, codec, scale, sinks):
-    """GPT-OSS's learned sink logits per query row (B, Hq, L), float32, in log2 units
-    and moved by the score shift that centring the keys removed from every score."""
-    B, n_q_heads, L, _ = queries.shape
-    logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
-    shift = codec.score_shift(queries, scale)
-    if shift is not None:
-        logits = logits - shift[..., 0]
-    return mx.contiguous(logits * math.log2(math.e))
 
 
 _CONSTANTS = weakref.WeakKeyDictionary()  # codec -> {scale: consts}

@@ -36,7 +36,12 @@ def _mode(raw: str) -> str:
 
 def gpu_backend():
     """'cuda', 'metal' or None: where MLX runs by default."""
-    if mx.default_device() != mx.gpu:
+    return _gpu_backend(mx.default_device())
+
+
+@lru_cache(maxsize=None)
+def _gpu_backend(device):
+    if device != mx.gpu:
         return None
     if mx.cuda.is_available():
         return "cuda"
@@ -45,17 +50,19 @@ def gpu_backend():
 
 def layer_support(key_dim, value_dim) -> "str | None":
     """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
-    return _layer_support(mx.default_device(), key_dim, value_dim)
+    return _layer_support(mx.default_device(), key_dim, value_dim, kernel_mode())
 
 
 @lru_cache(maxsize=None)
-def _layer_support(device, key_dim, value_dim):
-    # ``device`` keys the cache: gpu_backend() reads the default device itself.
-    backend = gpu_backend()
+def _layer_support(device, key_dim, value_dim, mode):
+    backend = _gpu_backend(device)
     if backend is None:
-        return "MLX runs on the CPU here (the kernels are for MLX's CUDA backend)"
-    if backend == "metal":
-        return "the Metal variant of the kernels is not built yet (Apple GPUs use the portable path)"
+        return "MLX runs on the CPU here (the kernels are for GPUs)"
+    if backend == "metal" and mode != "on":
+        return (
+            "the Metal variant of the kernels has not run on an Apple GPU yet "
+            f"({KERNEL_ENV}=on enables it)"
+        )
     if key_dim != value_dim:
         return f"key head dim {key_dim} differs from value head dim {value_dim}"
     # These are powers of two, so the codec's rotations are Hadamard transforms,
@@ -96,17 +103,33 @@ def source(name):
     return "\n".join(line for line in lines if line)
 
 
-def cuda_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles.
+def _named(name, input_names, output_names, source, header):
+    """A kernel's name with a digest of what it compiles.
 
     MLX-CUDA keeps each compiled kernel on disk (``MLX_PTX_CACHE_DIR``, else the temp
     directory) and finds it again by the kernel's name and template values alone: under
     a plain name, a later version of the source (an upgrade of this package) would run
-    the binary compiled from the earlier one."""
+    the binary compiled from the earlier one. Metal kernels are named alike."""
     text = "\0".join([*input_names, *output_names, header, source])
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def cuda_kernel(name, input_names, output_names, source, header):
+    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles."""
     return mx.fast.cuda_kernel(
-        name=f"{name}_{digest}",
+        name=_named(name, input_names, output_names, source, header),
+        input_names=list(input_names),
+        output_names=list(output_names),
+        source=source,
+        header=header,
+        ensure_row_contiguous=False,
+    )
+
+
+def metal_kernel(name, input_names, output_names, source, header):
+    """``mx.fast.metal_kernel`` under a name that carries a digest of what it compiles."""
+    return mx.fast.metal_kernel(
+        name=_named(name, input_names, output_names, source, header),
         input_names=list(input_names),
         output_names=list(output_names),
         source=source,

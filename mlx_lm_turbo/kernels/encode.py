@@ -15,7 +15,14 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .dispatch import broadcast_rows, cuda_kernel, placeholder, source, use_kernel
+from .dispatch import (
+    broadcast_rows,
+    cuda_kernel,
+    gpu_backend,
+    placeholder,
+    source,
+    use_kernel,
+)
 
 WARPS = 4
 # The codec's constants come as one input (a call's host cost grows with its inputs).
@@ -102,7 +109,7 @@ def template(dtype, D, key_bits, value_bits, center, scale):
 
 def fused_encode(codec, keys, values):
     """``codec.encode(keys, values)`` by the fused kernel, or None where it does not run."""
-    if not use_kernel(codec):
+    if not use_kernel(codec) or gpu_backend() != "cuda":  # Metal has no encode kernel
         return None
     B, H, L, D = values.shape
     n = B * H * L

@@ -1,0 +1,71 @@
+"""What both decode-attention kernels share: which calls they take, the FLAGS template
+value, and GPT-OSS's sink logits as they read them (``decode_attention``: the fast
+CUDA kernel; ``decode_attention_simd``: the simple one written once for CUDA and Metal).
+"""
+
+import math
+
+import mlx.core as mx
+
+MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer are prefill
+MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
+MAX_GROUP = 255  # query heads per KV head (8 bits of the SHAPE template value)
+
+
+def call_support(queries, kv, mask):
+    """Why this call goes to the portable path although the layer is served; None if not."""
+    if queries.shape[2] > MAX_QUERIES:
+        return "prefill"
+    if queries.shape[1] // kv.codec.n_kv_heads > MAX_GROUP:
+        return f"more than {MAX_GROUP} query heads per KV head"
+    if kv.stored is None:
+        return "no compressed history yet"
+    if queries.dtype != kv.codec.dtype:
+        return "queries and cache differ in dtype"
+    if kv.sinks is not None and kv.sinks[0].shape[2] > MAX_SINKS:
+        return f"more than {MAX_SINKS} sink tokens"
+    if isinstance(mask, str) and mask != "causal":
+        return f"mask {mask!r}"
+    if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
+        return "a mask that does not span the cache"
+    return None
+
+
+def flags(
+    mask_kind,
+    mask_bool,
+    kscale,
+    tail,
+    sink_tokens,
+    sink_logits,
+    raw_tail=0,
+    kmean=0,
+    in_place=0,
+):
+    """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
+    0-1, then whether the mask is bool, the keys have a calibration scale, an exact
+    tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean,
+    the raw tail's row goes into its slot too (the kernel's MASK_KIND ...
+    ROW_IN_PLACE)."""
+    return (
+        mask_kind
+        | mask_bool << 2
+        | kscale << 3
+        | tail << 4
+        | sink_tokens << 5
+        | sink_logits << 6
+        | raw_tail << 7
+        | kmean << 8
+        | in_place << 9
+    )
+
+
+def sink_logits(queries, codec, scale, sinks):
+    """GPT-OSS's learned sink logits per query row (B, Hq, L), float32, in log2 units
+    and moved by the score shift that centring the keys removed from every score."""
+    B, n_q_heads, L, _ = queries.shape
+    logits = mx.broadcast_to(sinks.astype(mx.float32)[None, :, None], (B, n_q_heads, L))
+    shift = codec.score_shift(queries, scale)
+    if shift is not None:
+        logits = logits - shift[..., 0]
+    return mx.contiguous(logits * math.log2(math.e))
