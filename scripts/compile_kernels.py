@@ -124,6 +124,7 @@ def simd_variants():
 def simd_units(dtype, mask_dtype, partials, merge):
     """The two translation units MLX-CUDA builds for one variant of the SIMD kernels."""
     from mlx_lm_turbo.kernels import decode_attention_simd as simd
+    from mlx_lm_turbo.kernels.decode_call import ATTENTION_INPUTS
 
     header = simd.kernel_header("cuda")
     types = {"rows": "uint32", "sink_pos": "int32", "mask": mask_dtype}
@@ -134,7 +135,7 @@ def simd_units(dtype, mask_dtype, partials, merge):
             "simd_attention",
             simd.kernel_source("cuda", simd.BODIES[0]),
             header,
-            [(n, types.get(n, "float32")) for n in simd.INPUTS],
+            [(n, types.get(n, "float32")) for n in ATTENTION_INPUTS],
             [("parts", "float32"), ("stats", "float32")],
             partials,
         ),

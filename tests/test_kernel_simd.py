@@ -21,6 +21,7 @@ from conftest import relative_error
 from test_kernels import (
     BF16_TOLERANCE,
     TOLERANCE,
+    WIDTHS,
     filled_cache,
     float32_reference,
     step_inputs,
@@ -456,20 +457,7 @@ def check(monkeypatch, q, view, mask, sinks=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "scheme",
-    [
-        "turbo4",
-        "turbo3",
-        "turbo2",
-        "turbo8",
-        "turbo4v2",
-        "turbo3v2",
-        "turbo0v4",
-        "turbo0v2",
-        "turbo8v4",
-    ],
-)
+@pytest.mark.parametrize("scheme", WIDTHS)
 def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)

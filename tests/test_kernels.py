@@ -174,21 +174,22 @@ def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
 
 
 # -- on the GPU ------------------------------------------------------------------
+# Every key and value width, keys stored as they are (turbo0vN) among them.
+WIDTHS = [
+    "turbo4",
+    "turbo3",
+    "turbo2",
+    "turbo8",
+    "turbo4v2",
+    "turbo3v2",
+    "turbo0v4",
+    "turbo0v2",
+    "turbo8v4",
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "scheme",
-    [
-        "turbo4",
-        "turbo3",
-        "turbo2",
-        "turbo8",
-        "turbo4v2",
-        "turbo3v2",
-        "turbo0v4",
-        "turbo0v2",
-        "turbo8v4",
-    ],
-)
+@pytest.mark.parametrize("scheme", WIDTHS)
 def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)

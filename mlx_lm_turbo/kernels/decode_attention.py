@@ -26,7 +26,13 @@ import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
 from .decode_attention_simd import simd_decode_attention
-from .decode_call import MAX_SINKS, call_support, flags, sink_logits
+from .decode_call import (
+    ATTENTION_INPUTS,
+    MAX_SINKS,
+    call_support,
+    flags,
+    sink_logits,
+)
 from .dispatch import (
     broadcast_rows,
     cuda_kernel,
@@ -96,22 +102,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
 # A call's host cost grows with its inputs and template values
 # (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
 # input, the variant's yes/no choices as one template value.
-INPUTS = (
-    "q",
-    "consts",
-    "kscale",
-    "keys",
-    "rows",
-    "sink_keys",
-    "sink_values",
-    "sink_pos",
-    "tail_keys",
-    "tail_values",
-    "mask",
-    "sink_logits",
-    "counters",
-    "previous",
-)
+INPUTS = (*ATTENTION_INPUTS, "sink_logits", "counters", "previous")
 # A raw tail's calls also take the key mean and write the new token's row; the other
 # calls' kernel has neither, so the source's names for them are declared empty.
 RAW_TAIL_INPUTS = (*INPUTS, "kmean")

@@ -25,7 +25,13 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
-from .decode_call import MAX_SINKS, call_support, flags, sink_logits
+from .decode_call import (
+    ATTENTION_INPUTS,
+    MAX_SINKS,
+    call_support,
+    flags,
+    sink_logits,
+)
 from .dispatch import (
     HEAD_DIMS,
     broadcast_rows,
@@ -45,19 +51,6 @@ MIN_SLICE_TOKENS = THREADS
 TARGET_THREADGROUPS = 512
 MAX_PARTS = 64  # the merge keeps a weight per part and row in threadgroup memory
 
-INPUTS = (
-    "q",
-    "consts",
-    "kscale",
-    "keys",
-    "rows",
-    "sink_keys",
-    "sink_values",
-    "sink_pos",
-    "tail_keys",
-    "tail_values",
-    "mask",
-)
 MERGE_INPUTS = ("parts", "stats", "consts", "sink_logits")
 # The thread indices the shared bodies name. Metal's lines go in the source, not the
 # header: MLX adds an attribute to the kernel's signature where the source names it.
@@ -98,7 +91,13 @@ def kernels(backend):
     header = kernel_header(backend)
     partials, merge = (kernel_source(backend, body) for body in BODIES)
     return (
-        build("turbo_simd_attention", INPUTS, ("parts", "stats"), partials, header),
+        build(
+            "turbo_simd_attention",
+            ATTENTION_INPUTS,
+            ("parts", "stats"),
+            partials,
+            header,
+        ),
         build("turbo_simd_merge", MERGE_INPUTS, ("out",), merge, header),
     )
 

@@ -10,6 +10,22 @@ import mlx.core as mx
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer are prefill
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
 MAX_GROUP = 255  # query heads per KV head (8 bits of the SHAPE template value)
+# The inputs both kernels read, in their order: the queries, the codec's constants, the
+# key calibration scale, keys stored as they are (turbo0vN), the packed rows, the sink
+# tokens (keys, values, positions), the exact tail (keys, values), the mask.
+ATTENTION_INPUTS = (
+    "q",
+    "consts",
+    "kscale",
+    "keys",
+    "rows",
+    "sink_keys",
+    "sink_values",
+    "sink_pos",
+    "tail_keys",
+    "tail_values",
+    "mask",
+)
 
 
 def call_support(queries, kv, mask):

@@ -103,33 +103,30 @@ def source(name):
     return "\n".join(line for line in lines if line)
 
 
-def _named(name, input_names, output_names, source, header):
-    """A kernel's name with a digest of what it compiles.
+def cuda_kernel(name, input_names, output_names, source, header):
+    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles.
 
     MLX-CUDA keeps each compiled kernel on disk (``MLX_PTX_CACHE_DIR``, else the temp
     directory) and finds it again by the kernel's name and template values alone: under
     a plain name, a later version of the source (an upgrade of this package) would run
-    the binary compiled from the earlier one. Metal kernels are named alike."""
-    text = "\0".join([*input_names, *output_names, header, source])
-    return f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-
-
-def cuda_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles."""
-    return mx.fast.cuda_kernel(
-        name=_named(name, input_names, output_names, source, header),
-        input_names=list(input_names),
-        output_names=list(output_names),
-        source=source,
-        header=header,
-        ensure_row_contiguous=False,
+    the binary compiled from the earlier one."""
+    return _named_kernel(
+        mx.fast.cuda_kernel, name, input_names, output_names, source, header
     )
 
 
 def metal_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.metal_kernel`` under a name that carries a digest of what it compiles."""
-    return mx.fast.metal_kernel(
-        name=_named(name, input_names, output_names, source, header),
+    """``mx.fast.metal_kernel`` under a name that carries a digest of what it compiles
+    (MLX's Metal backend keeps libraries by name too)."""
+    return _named_kernel(
+        mx.fast.metal_kernel, name, input_names, output_names, source, header
+    )
+
+
+def _named_kernel(build, name, input_names, output_names, source, header):
+    text = "\0".join([*input_names, *output_names, header, source])
+    return build(
+        name=f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}",
         input_names=list(input_names),
         output_names=list(output_names),
         source=source,
