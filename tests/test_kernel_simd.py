@@ -174,6 +174,7 @@ def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
     sends decode attention to the simple kernels, and neither the fast CUDA kernel
     nor the encode kernels are asked for."""
     from mlx_lm_turbo.kernels import decode_attention, encode
+    from mlx_lm_turbo.tools import doctor
 
     monkeypatch.setattr(dispatch, "_gpu_backend", lambda device: "metal")
     dispatch._layer_support.cache_clear()
@@ -188,9 +189,11 @@ def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
     monkeypatch.setenv(KERNEL_ENV, "auto")
     assert "=on enables it" in dispatch.layer_support(64, 64)
+    assert "=on enables it" in doctor._kernel_status()
     assert decode_attention.fused_decode_attention(q, view, 0.125, mask) is None
     monkeypatch.setenv(KERNEL_ENV, "on")
     assert dispatch.layer_support(64, 64) is None
+    assert "UNVERIFIED on Apple GPUs" in doctor._kernel_status()
     assert decode_attention.fused_decode_attention(q, view, 0.125, mask) is q
     assert calls == ["metal"]
     assert not decode_attention.raw_tail_support(cache.codec)

@@ -85,20 +85,33 @@ def _report_settings():
 
 def _kernel_status():
     """Where the fused kernels run on this machine, and what MLX_LM_TURBO_KERNEL asks."""
-    from ..kernels.dispatch import HEAD_DIMS, KERNEL_ENV, kernel_mode, layer_support
+    from ..kernels.dispatch import (
+        HEAD_DIMS,
+        KERNEL_ENV,
+        gpu_backend,
+        kernel_mode,
+        layer_support,
+    )
 
     try:
         mode = kernel_mode()
     except ValueError:
         return "see the invalid setting above"
     reason = layer_support(HEAD_DIMS[0], HEAD_DIMS[0])
-    where = (
-        f"available for head dims {', '.join(map(str, HEAD_DIMS))} (decode: 1-8 query "
-        "tokens; longer prefill chunks go to MLX's fused attention over the history "
-        "dequantized while it fits, else blockwise)"
-        if reason is None
-        else f"not here: {reason}"
-    )
+    dims = ", ".join(map(str, HEAD_DIMS))
+    if reason is not None:
+        where = f"not here: {reason}"
+    elif gpu_backend() == "metal":
+        where = (
+            f"the Metal decode kernel, UNVERIFIED on Apple GPUs, for head dims {dims} "
+            "(decode: 1-8 query tokens; prefill blockwise)"
+        )
+    else:
+        where = (
+            f"available for head dims {dims} (decode: 1-8 query tokens; longer prefill "
+            "chunks go to MLX's fused attention over the history dequantized while it "
+            "fits, else blockwise)"
+        )
     return f"{where}; {KERNEL_ENV}={mode}"
 
 
