@@ -187,6 +187,10 @@ def main():
         help="compile every n-th variant of the shared SIMD kernels' CUDA build instead",
     )
     args = parser.parse_args()
+    if args.simd and args.variants is not None:
+        parser.error(
+            "--variants numbers the fused kernel's variants; with --simd use --every"
+        )
     if args.simd:
         variants = list(simd_variants())[:: args.every]
         units = [unit for variant in variants for unit in simd_units(*variant)]

@@ -155,7 +155,22 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
         cached.cache_clear()
 
 
-@pytest.mark.skipif(ON_CUDA, reason="checks the refusal where the kernel cannot run")
+def test_where_the_kernels_run_is_worked_out_once_per_setting():
+    # Keyed by values: MLX devices hash by identity (each default_device() is a new
+    # one), so a cache keyed by the device itself grew by an entry a layer and a step.
+    from mlx_lm_turbo.kernels import dispatch
+
+    dispatch._layer_support.cache_clear()
+    for _ in range(3):
+        layer_support(64, 64)
+    info = dispatch._layer_support.cache_info()
+    assert (info.currsize, info.hits) == (1, 2)
+
+
+@pytest.mark.skipif(
+    mx.default_device() == mx.gpu,
+    reason="checks the refusal where no kernel runs (CPU)",
+)
 def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
@@ -513,6 +528,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
         decode_attention, "_kernel", lambda warps, raw_tail=False: kernel
     )
     monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
+    monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
     caches = [
         TurboQuantKVCache("turbo4"),
         TurboQuantKVCache("turbo0v4", key_calibration="center+scale"),

@@ -75,7 +75,7 @@ def turbo_scaled_dot_product_attention(
                 return out
         cache.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
-    if fused is not None:  # decode on MLX-CUDA: straight from the packed codes
+    if fused is not None:  # decode on a GPU: straight from the packed codes
         return fused
     if dense_prefill_support(queries, kv, mask, sinks) is None:
         dense = dense_prefill_attention(queries, kv, scale, mask, fused_only=True)

@@ -1,4 +1,5 @@
-"""Fused decode attention over TurboQuant-packed caches (MLX-CUDA).
+"""Fused decode attention over TurboQuant-packed caches (MLX-CUDA; Apple GPUs are handed
+to ``decode_attention_simd`` under ``MLX_LM_TURBO_KERNEL=on``).
 
 Computes what ``attention.turbo_scaled_dot_product_attention`` computes from the
 same ``TurboKV`` (that portable path is the reference it is tested against), for
@@ -72,8 +73,9 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
 
 def raw_tail_support(codec) -> bool:
     """Whether a decode token of this codec's layer may reach the kernel as the model gave
-    it (``fused_decode_and_encode``): the kernels serve the layer and its keys are
-    quantized (turbo0vN keeps them as they are, in an array of their own)."""
+    it (``fused_decode_and_encode``): the kernels serve the layer on MLX-CUDA (only the
+    CUDA kernel encodes) and its keys are quantized (turbo0vN keeps them as they are,
+    in an array of their own)."""
     return codec.scheme.key_bits > 0 and use_kernel(codec) and gpu_backend() == "cuda"
 
 

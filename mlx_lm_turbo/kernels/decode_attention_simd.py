@@ -33,10 +33,9 @@ from .decode_call import (
     sink_logits,
 )
 from .dispatch import (
-    HEAD_DIMS,
     broadcast_rows,
     cuda_kernel,
-    gpu_backend,
+    head_dims_support,
     metal_kernel,
     placeholder,
     source,
@@ -104,29 +103,18 @@ def kernels(backend):
 
 def simd_call_support(queries, kv, mask):
     """Why this call goes to the portable path; None if the SIMD kernels take it."""
-    reason = call_support(queries, kv, mask)
-    if reason is not None:
-        return reason
     codec = kv.codec
-    if codec.key_dim != codec.value_dim or codec.value_dim not in HEAD_DIMS:
-        return (
-            f"head dims {codec.key_dim} / {codec.value_dim} (the SIMD kernels take "
-            f"equal ones of {', '.join(map(str, HEAD_DIMS))})"
-        )
-    return None
+    return call_support(queries, kv, mask) or head_dims_support(
+        codec.key_dim, codec.value_dim
+    )
 
 
-def simd_decode_attention(queries, kv, scale, mask, sinks=None, backend=None):
-    """The SIMD kernels' output for this call on ``backend`` ('cuda', 'metal'; None:
-    where MLX runs), or None where the portable path runs: no GPU, a call they do not
-    cover (``simd_call_support``), or a decode token its cache has not encoded yet
+def simd_decode_attention(queries, kv, scale, mask, sinks, backend):
+    """The SIMD kernels' output for this call, built for ``backend`` ('cuda', 'metal'),
+    or None where the portable path runs: a call they do not cover
+    (``simd_call_support``), or a decode token its cache has not encoded yet
     (``kv.pending``: the cache encodes it first, as for ``fused_decode_attention``)."""
-    backend = backend or gpu_backend()
-    if (
-        backend is None
-        or kv.pending is not None
-        or simd_call_support(queries, kv, mask) is not None
-    ):
+    if kv.pending is not None or simd_call_support(queries, kv, mask) is not None:
         return None
     codec = kv.codec
     B, n_q_heads, L, D = queries.shape

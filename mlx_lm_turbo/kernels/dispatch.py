@@ -36,33 +36,19 @@ def _mode(raw: str) -> str:
 
 def gpu_backend():
     """'cuda', 'metal' or None: where MLX runs by default."""
-    return _gpu_backend(mx.default_device())
+    # By value: MLX devices hash by identity, and each default_device() is a new one.
+    return _gpu_kind() if mx.default_device() == mx.gpu else None
 
 
 @lru_cache(maxsize=None)
-def _gpu_backend(device):
-    if device != mx.gpu:
-        return None
+def _gpu_kind():
     if mx.cuda.is_available():
         return "cuda"
     return "metal" if mx.metal.is_available() else None
 
 
-def layer_support(key_dim, value_dim) -> "str | None":
-    """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
-    return _layer_support(mx.default_device(), key_dim, value_dim, kernel_mode())
-
-
-@lru_cache(maxsize=None)
-def _layer_support(device, key_dim, value_dim, mode):
-    backend = _gpu_backend(device)
-    if backend is None:
-        return "MLX runs on the CPU here (the kernels are for GPUs)"
-    if backend == "metal" and mode != "on":
-        return (
-            "the Metal variant of the kernels has not run on an Apple GPU yet "
-            f"({KERNEL_ENV}=on enables it)"
-        )
+def head_dims_support(key_dim, value_dim) -> "str | None":
+    """Why no kernel serves a layer of these head dims; None if they can."""
     if key_dim != value_dim:
         return f"key head dim {key_dim} differs from value head dim {value_dim}"
     # These are powers of two, so the codec's rotations are Hadamard transforms,
@@ -72,6 +58,23 @@ def _layer_support(device, key_dim, value_dim, mode):
             f"head dim {value_dim} (the kernels cover {', '.join(map(str, HEAD_DIMS))})"
         )
     return None
+
+
+def layer_support(key_dim, value_dim) -> "str | None":
+    """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
+    return _layer_support(gpu_backend(), key_dim, value_dim, kernel_mode())
+
+
+@lru_cache(maxsize=None)
+def _layer_support(backend, key_dim, value_dim, mode):
+    if backend is None:
+        return "MLX runs on the CPU here (the kernels are for GPUs)"
+    if backend == "metal" and mode != "on":
+        return (
+            "the Metal variant of the kernels has not run on an Apple GPU yet "
+            f"({KERNEL_ENV}=on enables it)"
+        )
+    return head_dims_support(key_dim, value_dim)
 
 
 def use_kernel(codec) -> bool:
@@ -116,8 +119,9 @@ def cuda_kernel(name, input_names, output_names, source, header):
 
 
 def metal_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.metal_kernel`` under a name that carries a digest of what it compiles
-    (MLX's Metal backend keeps libraries by name too)."""
+    """``mx.fast.metal_kernel``, named as ``cuda_kernel`` names CUDA's (MLX's Metal
+    backend keeps compiled libraries only in memory and rebuilds one whose source
+    changed, so there the digest is only for uniformity)."""
     return _named_kernel(
         mx.fast.metal_kernel, name, input_names, output_names, source, header
     )
