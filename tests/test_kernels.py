@@ -527,7 +527,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     monkeypatch.setattr(
         decode_attention, "_kernel", lambda warps, raw_tail=False: kernel
     )
-    monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
+    monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
     caches = [
         TurboQuantKVCache("turbo4"),
@@ -601,7 +601,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
         mx.float16,
     )
     monkeypatch.setenv(KERNEL_ENV, "on")
-    monkeypatch.setattr(dispatch, "layer_support", lambda key_dim, value_dim: None)
+    monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
     assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)

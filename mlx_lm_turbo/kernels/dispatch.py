@@ -82,7 +82,7 @@ def use_kernel(codec) -> bool:
     mode = kernel_mode()
     if mode == "off":
         return False
-    reason = layer_support(codec.key_dim, codec.value_dim)
+    reason = _layer_support(gpu_backend(), codec.key_dim, codec.value_dim, mode)
     if reason is not None and mode == "on":
         raise KernelUnavailableError(
             f"{KERNEL_ENV}=on, but the fused kernels cannot run: {reason}. "
