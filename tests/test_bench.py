@@ -284,3 +284,16 @@ def test_a_run_cut_off_after_its_rows_still_renders(tmp_path):
     assert (
         "| fp16 | 16.000 | 16.000 | 1024 | 0.0000 | 1.000 | 9.00 | - | - | - |" in table
     )
+
+
+def test_auto_dtype_keeps_bfloat16_models_in_bfloat16_on_a_gpu(tiny_model, monkeypatch):
+    model, _ = load(str(tiny_model("llama")))
+    assert bench.activation_dtype(model, "model") is None
+    assert bench.activation_dtype(model, "float32") == mx.float32
+    if mx.default_device() != mx.gpu:
+        assert bench.activation_dtype(model, "auto") is None  # CPU: as loaded
+        monkeypatch.setattr(bench.mx, "default_device", lambda: mx.gpu)
+    model.set_dtype(mx.float32)
+    assert bench.activation_dtype(model, "auto") == mx.float16
+    model.set_dtype(mx.bfloat16)  # trained in bfloat16: float16 could overflow
+    assert bench.activation_dtype(model, "auto") == mx.bfloat16

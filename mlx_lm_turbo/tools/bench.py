@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .gguf import DEMO_MODEL, KNOWN_MODELS
@@ -242,6 +243,20 @@ def peak_prefill_memory(model, kind, tokens, chunk=512):
     return mx.get_peak_memory() - base
 
 
+def activation_dtype(model, choice):
+    """The dtype ``--dtype choice`` runs the model in; None: as it was loaded.
+
+    ``auto``: as loaded on CPU; on a GPU 16-bit, bfloat16 where the model holds bfloat16
+    weights (models trained in it, Gemma's among them, can overflow float16's range),
+    else float16."""
+    if choice == "model" or (choice == "auto" and mx.default_device() != mx.gpu):
+        return None
+    if choice != "auto":
+        return getattr(mx, choice)
+    held = {v.dtype for _, v in tree_flatten(model.parameters())}
+    return mx.bfloat16 if mx.bfloat16 in held else mx.float16
+
+
 def run(args, checkpoint=lambda results: None):
     from ..attach.preflight import load_model
     from ..plugin.prompt_cache import plan
@@ -249,8 +264,9 @@ def run(args, checkpoint=lambda results: None):
 
     model_path = resolve_model(args.model)
     model, tokenizer = load_model(model_path)
-    if args.dtype != "model":
-        model.set_dtype(getattr(mx, args.dtype))
+    dtype = activation_dtype(model, args.dtype)
+    if dtype is not None:
+        model.set_dtype(dtype)
     kinds = cache_kinds(args)
     for kind in kinds:  # a refused model or scheme fails before anything is measured
         if kind.scheme is not None:
@@ -593,7 +609,8 @@ def main(argv=None):
         "--dtype",
         default="auto",
         choices=["auto", "model", "float16", "bfloat16", "float32"],
-        help="activations' dtype; auto: float16 on a GPU, the model's own on CPU",
+        help="activations' dtype; auto: the model's own on CPU, on a GPU bfloat16 for "
+        "a model holding bfloat16 weights, else float16",
     )
     parser.add_argument(
         "--no-speed",
@@ -619,8 +636,6 @@ def main(argv=None):
         write(results, out_dir)
         return 0
     _check_options(parser, args)
-    if args.dtype == "auto":
-        args.dtype = "float16" if mx.default_device() == mx.gpu else "model"
     out_dir.mkdir(parents=True, exist_ok=True)
     # a long run killed half-way still leaves what it measured
     results = run(
