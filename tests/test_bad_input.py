@@ -860,3 +860,36 @@ def test_output_into_a_closed_pipe_stops_quietly(args):
         and "Traceback" not in err
         and "BrokenPipeError" not in err
     )
+
+
+def test_an_unverified_metal_kernel_that_fails_its_check_is_refused(
+    tiny_model, monkeypatch, capsys
+):
+    # On an Apple GPU, =on first checks the Metal decode kernel against the portable
+    # path (cache/kernel_check.py); a kernel that fails to build there is a usage error.
+    from mlx_lm_turbo.cache import kernel_check
+    from mlx_lm_turbo.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "gpu_backend", lambda: "metal")
+    monkeypatch.setattr(
+        kernel_check,
+        "check_decode_kernel",
+        lambda backend: "it failed to build or run (turbo4): program_source:12: error",
+    )
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "on")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        1,
+        "--kv-scheme",
+        "turbo4",
+    )
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "not been verified on Apple GPUs, and on this machine it failed" in err
+    assert "Traceback" not in err

@@ -571,3 +571,34 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     )
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
     check(monkeypatch, q, view, mask)
+
+
+# -- the run-time check an Apple GPU makes before =on uses the kernel -----------------
+def test_the_run_time_check_refuses_a_kernel_that_fails_or_differs(monkeypatch):
+    from mlx_lm_turbo.cache import kernel_check
+
+    def kernel(answer):
+        def stand_in(queries, view, scale, mask, sinks, backend):
+            return answer(kernel_check.blockwise_attention(queries, view, scale, mask))
+
+        return stand_in
+
+    def broken(out):
+        raise RuntimeError("program_source:12:5: error: use of undeclared identifier")
+
+    for answer, reason in [
+        (lambda out: out, None),
+        (lambda out: out * 1.01, "differs from the portable path's by "),
+        (broken, "failed to build or run (turbo4): program_source:12:5: error"),
+        (lambda out: None, "declined a decode step it covers (turbo4)"),
+    ]:
+        monkeypatch.setattr(kernel_check, "simd_decode_attention", kernel(answer))
+        found = kernel_check.check_decode_kernel("metal")
+        assert found == reason or (reason and reason in found), (found, reason)
+
+
+@pytest.mark.gpu
+def test_the_run_time_check_passes_the_cuda_build():
+    from mlx_lm_turbo.cache.kernel_check import check_decode_kernel
+
+    assert check_decode_kernel("cuda") is None

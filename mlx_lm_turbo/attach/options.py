@@ -114,10 +114,20 @@ def apply_options(parser, args):
         )
     try:
         from ..compat import check_mlx_lm_version
-        from ..kernels.dispatch import kernel_mode
+        from ..kernels.dispatch import KERNEL_ENV, gpu_backend, kernel_mode
 
         check_mlx_lm_version()
-        kernel_mode()  # a bad MLX_LM_TURBO_KERNEL fails now, not at the first attention
+        # a bad MLX_LM_TURBO_KERNEL fails now, not at the first attention
+        if kernel_mode() == "on" and gpu_backend() == "metal":
+            from ..cache.kernel_check import check_decode_kernel
+
+            why_not = check_decode_kernel("metal")
+            if why_not:
+                parser.error(
+                    f"{KERNEL_ENV}=on turns on the Metal decode kernel, which has not "
+                    f"been verified on Apple GPUs, and on this machine {why_not}. Unset "
+                    f"{KERNEL_ENV} (the portable path then serves), and please report it."
+                )
     except (RuntimeError, ValueError) as error:
         parser.error(str(error))
     if (recent_exact or 1) > 1 and getattr(args, "draft_model", None):
