@@ -368,3 +368,34 @@ def test_a_window_ends_its_uncompressed_start_before_its_first_token_leaves():
         for cache in (late, early):
             cache.update_and_fetch(more[0][:, :, t : t + 1], more[1][:, :, t : t + 1])
     assert late.sinks is None and early.sinks is None
+
+
+def test_decode_steps_grow_no_process_wide_cache():
+    # Memory must stay bounded while decoding: no lru_cache of the package may gain an
+    # entry per step (one keyed by MLX devices, which hash by identity, once did).
+    import functools
+    import sys
+
+    from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
+
+    def cache_sizes():
+        return {
+            f"{name}.{attr}": value.cache_info().currsize
+            for name, module in list(sys.modules.items())
+            if name.startswith("mlx_lm_turbo")
+            for attr, value in vars(module).items()
+            if isinstance(value, functools._lru_cache_wrapper)
+        }
+
+    cache = TurboQuantKVCache("turbo4")
+    keys = outlier_keys((1, 2, 64, 64)).astype(mx.float16)
+    cache.update_and_fetch(keys, keys)
+    sizes = {}
+    for step in range(20):
+        k = mx.random.normal((1, 2, 1, 64), key=mx.random.key(step)).astype(mx.float16)
+        view, _ = cache.update_and_fetch(k, k)
+        q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(step)).astype(mx.float16)
+        mx.eval(turbo_scaled_dot_product_attention(q, view, 0.125, None))
+        if step in (4, 19):
+            sizes[step] = cache_sizes()
+    assert sizes[4] and sizes[19] == sizes[4]
