@@ -23,6 +23,7 @@ from mlx_lm.models.cache import KVCache
 
 import mlx_lm_turbo.kernels.decode_attention as decode_attention
 import mlx_lm_turbo.kernels.dispatch as dispatch
+import mlx_lm_turbo.kernels.encode as encode
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels.dispatch import _SOURCES, source
@@ -50,7 +51,9 @@ def stub_kernels():
         return call
 
     mx.fast.cuda_kernel = cuda_kernel
-    dispatch.layer_support = lambda key_dim, value_dim: None
+    # as on MLX-CUDA: the kernels serve every layer, the decode launch encodes too
+    dispatch._layer_support = lambda *where_and_what: None
+    decode_attention.gpu_backend = encode.gpu_backend = lambda: "cuda"
 
 
 def main():
