@@ -84,6 +84,7 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
         (["--decode", "0"], "--decode must be at least 1, got 0"),
         (["--contexts", "512", "-4"], "--contexts must be at least 1"),
         (["--needle-depths", "1.5"], "from 0 to 1"),
+        (["--needle-trials", "5"], "--needle-trials must be 1 to 4, got 5."),
         (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
         (
             ["--recent-exact", "0"],
@@ -297,3 +298,30 @@ def test_auto_dtype_keeps_bfloat16_models_in_bfloat16_on_a_gpu(tiny_model, monke
     assert bench.activation_dtype(model, "auto") == mx.float16
     model.set_dtype(mx.bfloat16)  # trained in bfloat16: float16 could overflow
     assert bench.activation_dtype(model, "auto") == mx.bfloat16
+
+
+def test_needle_trials_take_other_slices_and_passphrases(
+    tiny_model, tmp_path, monkeypatch
+):
+    prompts = []
+    monkeypatch.setattr(
+        bench,
+        "retrieve",
+        lambda model, tokenizer, kind, prompt, word: (
+            prompts.append((prompt, word)) or True
+        ),
+    )
+    results = run_bench(
+        tiny_model,
+        tmp_path,
+        *("--caches", "fp16", "--contexts", "64", "--decode", "2", "--no-speed"),
+        *("--needle-contexts", "200", "--needle-depths", "0.2", "0.8"),
+        *("--needle-trials", "3", "--memory-context", "0"),
+    )
+    assert [(n["depth"], n["trial"]) for n in results["needle"]] == [
+        (d, t) for t in range(3) for d in (0.2, 0.8)
+    ]
+    assert len({tuple(p) for p, _ in prompts}) == 6  # six different prompts
+    assert len({w for _, w in prompts}) == 6
+    starts = {tuple(p[1:20]) for p, _ in prompts}  # the book slice each begins with
+    assert len(starts) == 3

@@ -64,19 +64,23 @@ NEEDLE_WORDS = (
 # Completion, not a chat question: a 135M model retrieves by copying from context
 # (which is what compressed keys can break), not by following instructions.
 CUE = "\n\nAs mentioned above, the secret passphrase is"
+# Where each needle trial's book slice starts (fractions of the book): a 32K-token
+# slice from the last still ends inside it.
+NEEDLE_TRIAL_STARTS = (0.1, 0.25, 0.4, 0.55)
 
 
 def say(message):
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def book_tokens(tokenizer, n):
-    """The first ``n`` tokens of a book slice, led by the tokenizer's BOS where it adds
-    one, as a prompt is (Gemma 3 without it: twice the perplexity, and another model
-    to compress)."""
+def book_tokens(tokenizer, n, start=0.1):
+    """The first ``n`` tokens of a book slice from ``start`` (a fraction of the book;
+    0.1: past the front matter), led by the tokenizer's BOS where it adds one, as a
+    prompt is (Gemma 3 without it: twice the perplexity, and another model to
+    compress)."""
     text = BOOK.read_text()
-    start = len(text) // 10  # past the front matter
-    tokens = tokenizer.encode(text[start : start + 8 * n])
+    at = int(len(text) * start)
+    tokens = tokenizer.encode(text[at : at + 8 * n])
     if len(tokens) < n:
         raise ValueError(f"The book has fewer than {n} tokens after its front matter.")
     return mx.array(tokens[:n])
@@ -200,15 +204,16 @@ def uncompressed_kv(model):
     return layers[0].keys.dtype, per_token
 
 
-def needle_prompt(tokenizer, context, depth, word):
-    """A book slice of about ``context`` tokens with the needle sentence at ``depth``, then the cue."""
+def needle_prompt(tokenizer, context, depth, word, start=0.1):
+    """A book slice (from ``start``, as ``book_tokens``) of about ``context`` tokens with
+    the needle sentence at ``depth``, then the cue."""
 
     def encode(text):
         return tokenizer.encode(text, add_special_tokens=False)
 
     needle, cue = encode(" " + NEEDLE.format(word=word) + " "), encode(CUE)
     haystack = book_tokens(
-        tokenizer, max(context - len(needle) - len(cue), 16)
+        tokenizer, max(context - len(needle) - len(cue), 16), start
     ).tolist()
     at = int(depth * len(haystack))
     return haystack[:at] + needle + haystack[at:] + cue
@@ -332,10 +337,14 @@ def run(args, checkpoint=lambda results: None):
             )
             checkpoint(results)
 
+    depths = args.needle_depths
+    trials = [(t, d) for t in range(args.needle_trials) for d in enumerate(depths)]
     for context in args.needle_contexts:
-        for i, depth in enumerate(args.needle_depths):
-            word = NEEDLE_WORDS[i % len(NEEDLE_WORDS)]
-            prompt = needle_prompt(tokenizer, context, depth, word)
+        for trial, (i, depth) in trials:
+            # each trial: another slice of the book, other passphrases
+            word = NEEDLE_WORDS[(i + trial * len(depths)) % len(NEEDLE_WORDS)]
+            start = NEEDLE_TRIAL_STARTS[trial]
+            prompt = needle_prompt(tokenizer, context, depth, word, start)
             for kind in kinds:
                 found = retrieve(model, tokenizer, kind, prompt, word)
                 results["needle"].append(
@@ -343,12 +352,13 @@ def run(args, checkpoint=lambda results: None):
                         "cache": kind.name,
                         "context": context,
                         "depth": depth,
+                        "trial": trial,
                         "found": found,
                     }
                 )
             checkpoint(results)
             say(
-                f"needle {context} tokens at depth {depth:.2f}: "
+                f"needle {context} tokens at depth {depth:.2f} (trial {trial + 1}): "
                 + " ".join(
                     f"{k.name}={'Y' if r['found'] else 'n'}"
                     for k, r in zip(kinds, results["needle"][-len(kinds) :])
@@ -559,6 +569,11 @@ def _check_options(parser, args):
             )
     if any(not 0 <= d <= 1 for d in args.needle_depths):
         parser.error("--needle-depths are fractions of the context, from 0 to 1.")
+    if not 1 <= args.needle_trials <= len(NEEDLE_TRIAL_STARTS):
+        parser.error(
+            f"--needle-trials must be 1 to {len(NEEDLE_TRIAL_STARTS)}, "
+            f"got {args.needle_trials}."
+        )
 
 
 def main(argv=None):
@@ -588,6 +603,13 @@ def main(argv=None):
     parser.add_argument("--needle-contexts", type=int, nargs="*", default=[1024, 4096])
     parser.add_argument(
         "--needle-depths", type=float, nargs="*", default=[0.1, 0.5, 0.9]
+    )
+    parser.add_argument(
+        "--needle-trials",
+        type=int,
+        default=1,
+        help="trials per needle context and depth, each on another slice of the book "
+        f"with other passphrases (1 to {len(NEEDLE_TRIAL_STARTS)}; default: 1)",
     )
     parser.add_argument(
         "--memory-context",
