@@ -150,6 +150,128 @@ def simd_units(dtype, mask_dtype, partials, merge):
     ]
 
 
+# MLX's Metal preamble as C++ (names and types only; every operation a stand-in): the
+# Metal build of the shared SIMD bodies can then be compiled by a C++ compiler on any
+# machine, which catches undeclared names, type errors and C++ beyond Metal's C++14 in
+# it, though not what only Metal's compiler or an Apple GPU can tell.
+METAL_AS_CPP = """
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#define threadgroup
+#define device
+#define constant
+using uint = unsigned int;
+using ushort = unsigned short;
+struct uint3 { uint x, y, z; };
+enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+inline void threadgroup_barrier(mem_flags) {}
+inline void simdgroup_barrier(mem_flags) {}
+inline float simd_sum(float x) { return x; }
+inline float simd_max(float x) { return x; }
+struct half { half() = default; half(float) {} operator float() const { return 0; } };
+struct bfloat16_t {
+  bfloat16_t() = default; bfloat16_t(float) {} operator float() const { return 0; } };
+typedef half float16_t;
+template <typename T, typename U> T as_type(U) { return T(); }
+namespace metal { inline float exp2(float x) { return std::exp2(x); } }
+using namespace metal;
+using std::fmax; using std::max; using std::min;
+"""
+METAL_TYPES = {
+    "float16": "float16_t",
+    "bfloat16": "bfloat16_t",
+    "float32": "float",
+    "bool": "bool",
+    "uint32": "uint32_t",
+    "int32": "int32_t",
+}
+# The thread attributes MLX adds to a Metal kernel's signature where its source names
+# them, with their types (mlx/backend/metal: metal_kernel).
+METAL_ATTRIBUTES = {
+    "threadgroup_position_in_grid": "uint3",
+    "threadgroups_per_grid": "uint3",
+    "thread_index_in_threadgroup": "uint",
+    "thread_index_in_simdgroup": "uint",
+    "simdgroup_index_in_threadgroup": "uint",
+    "thread_position_in_grid": "uint3",
+    "threads_per_threadgroup": "uint3",
+}
+
+
+def metal_wrap(name, body, header, inputs, outputs, template):
+    """The Metal kernel MLX writes (a templated function of the inputs, with _shape and
+    _strides where the body names them, the outputs and the thread attributes the body
+    names), as C++ after METAL_AS_CPP, instantiated for ``template``."""
+    params = []
+    for arg, dtype in inputs:
+        params.append(f"const device {METAL_TYPES[dtype]}* {arg}")
+        if arg + "_shape" in body:
+            params.append(f"const constant int* {arg}_shape")
+        if arg + "_strides" in body:
+            params.append(f"const constant int64_t* {arg}_strides")
+    params += [f"device {METAL_TYPES[dtype]}* {arg}" for arg, dtype in outputs]
+    params += [f"{t} {a}" for a, t in METAL_ATTRIBUTES.items() if a in body]
+    kinds = ", ".join(
+        f"typename {k}" if isinstance(v, str) else f"int {k}" for k, v in template
+    )
+    values = ", ".join(
+        METAL_TYPES[v] if isinstance(v, str) else str(int(v)) for _, v in template
+    )
+    return (
+        METAL_AS_CPP
+        + header
+        + f"template <{kinds}>\nvoid {name}("
+        + ", ".join(params)
+        + ") {\n"
+        + body
+        + f"\n}}\ntemplate void {name}<{values}>("
+        + ", ".join(p.rsplit(" ", 1)[0] for p in params)
+        + ");\n"
+    )
+
+
+def metal_units(dtype, mask_dtype, partials, merge):
+    """The two kernels MLX's Metal backend builds for one variant of the SIMD kernels,
+    as C++ (``metal_wrap``)."""
+    from mlx_lm_turbo.kernels import decode_attention_simd as simd
+    from mlx_lm_turbo.kernels.decode_call import ATTENTION_INPUTS
+
+    header = simd.kernel_header("metal")
+    types = {"rows": "uint32", "sink_pos": "int32", "mask": mask_dtype}
+    exact = ("q", "keys", "sink_keys", "sink_values", "tail_keys", "tail_values")
+    types.update({name: dtype for name in exact})
+    return [
+        metal_wrap(
+            "simd_attention",
+            simd.kernel_source("metal", simd.BODIES[0]),
+            header,
+            [(n, types.get(n, "float32")) for n in ATTENTION_INPUTS],
+            [("parts", "float32"), ("stats", "float32")],
+            partials,
+        ),
+        metal_wrap(
+            "simd_merge",
+            simd.kernel_source("metal", simd.BODIES[1]),
+            header,
+            [(n, "float32") for n in simd.MERGE_INPUTS],
+            [("out", dtype)],
+            merge,
+        ),
+    ]
+
+
+def compile_metal_as_cpp(unit, path):
+    """A C++ compiler's syntax and type check of one ``metal_wrap`` unit (C++14, as
+    Metal's language is)."""
+    path.write_text(unit)
+    return subprocess.run(
+        ["c++", "-std=c++14", "-fsyntax-only", "-Wno-unknown-pragmas", str(path)],
+        capture_output=True,
+        text=True,
+    )
+
+
 def compile_unit(unit, arch, path):
     """nvcc's run on one translation unit written to ``path``."""
     path.write_text(unit)
@@ -186,15 +308,23 @@ def main():
         action="store_true",
         help="compile every n-th variant of the shared SIMD kernels' CUDA build instead",
     )
+    parser.add_argument(
+        "--metal-as-cpp",
+        action="store_true",
+        help="with --simd: their Metal build, checked by the C++ compiler instead",
+    )
     args = parser.parse_args()
     if args.simd and args.variants is not None:
         parser.error(
             "--variants numbers the fused kernel's variants; with --simd use --every"
         )
+    if args.metal_as_cpp and not args.simd:
+        parser.error("--metal-as-cpp checks the SIMD kernels: add --simd")
     if args.simd:
         variants = list(simd_variants())[:: args.every]
-        units = [unit for variant in variants for unit in simd_units(*variant)]
-        sys.exit(compile_all(units, args.arch))
+        build = metal_units if args.metal_as_cpp else simd_units
+        units = [unit for variant in variants for unit in build(*variant)]
+        sys.exit(compile_all(units, args.arch, args.metal_as_cpp))
     from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source
 
@@ -263,12 +393,15 @@ def main():
     sys.exit(compile_all(units, args.arch))
 
 
-def compile_all(units, arch):
+def compile_all(units, arch, metal_as_cpp=False):
     """Compile each unit, say how it went; 1 if any failed, else 0."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
-            run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu")
+            if metal_as_cpp:
+                run = compile_metal_as_cpp(unit, Path(tmp) / f"unit{n}.cpp")
+            else:
+                run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu")
             usage = re.findall(r"Used \d+ registers.*", run.stderr)
             if run.returncode:
                 failed += 1

@@ -145,6 +145,27 @@ def test_the_cuda_build_compiles():
             assert run.returncode == 0, run.stderr[-4000:]
 
 
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_metal_build_compiles_as_cpp_against_metals_names():
+    # No Metal compiler here: MLX's Metal kernel, written as MLX writes it, checked by a
+    # C++14 compiler against a stand-in of Metal's names and types (undeclared names,
+    # type errors, C++ beyond Metal's). A stand-in that hid errors would fail below.
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import compile_kernels
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    variants = list(compile_kernels.simd_variants())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "unit.cpp"
+        for variant in variants[::23]:  # every dtype, head dim, width and mask kind
+            for unit in compile_kernels.metal_units(*variant):
+                run = compile_kernels.compile_metal_as_cpp(unit, path)
+                assert run.returncode == 0, run.stderr[-4000:]
+        broken = unit.replace("BARRIER();", "__syncthreads();", 1)
+        assert compile_kernels.compile_metal_as_cpp(broken, path).returncode != 0
+
+
 # -- which calls the kernels take ---------------------------------------------------
 def test_calls_they_do_not_cover_go_to_the_portable_path():
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)
