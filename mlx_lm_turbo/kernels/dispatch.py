@@ -1,7 +1,8 @@
 """Which path runs: the fused kernels or the portable MLX code they are verified against.
 
 ``MLX_LM_TURBO_KERNEL``: ``auto`` (default) uses a kernel wherever it applies,
-``off`` forces the portable path, ``on`` makes a kernel that cannot run an error.
+``off`` forces the portable path, ``on`` makes a kernel that cannot run an error. On
+Apple GPUs, where the Metal kernel has not run yet, only ``on`` uses it.
 """
 
 import hashlib
