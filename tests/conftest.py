@@ -12,13 +12,21 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, with the reason, where MLX has no CUDA backend (CI)."""
-    if mx.default_device() == mx.gpu and mx.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs MLX's CUDA backend (the fused kernels)")
+    """Tests marked ``gpu`` skip, with the reason, where MLX has no CUDA backend (CI);
+    those marked ``any_gpu`` where it runs on no GPU (CUDA or Metal)."""
+    on_gpu = mx.default_device() == mx.gpu
+    skips = {
+        "gpu": None
+        if on_gpu and mx.cuda.is_available()
+        else pytest.mark.skip(reason="needs MLX's CUDA backend (the fused kernels)"),
+        "any_gpu": None
+        if on_gpu
+        else pytest.mark.skip(reason="needs a GPU (MLX's CUDA or Metal backend)"),
+    }
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if skip is not None and marker in item.keywords:
+                item.add_marker(skip)
 
 
 def relative_error(a, b):
