@@ -121,27 +121,29 @@ def simd_variants():
         yield dtype, mask_dtype, partials, merge
 
 
-def simd_units(dtype, mask_dtype, partials, merge):
-    """The two translation units MLX-CUDA builds for one variant of the SIMD kernels."""
+def simd_units(dtype, mask_dtype, partials, merge, backend="cuda"):
+    """The two kernels MLX's ``backend`` builds for one variant of the SIMD kernels:
+    CUDA's translation units (``wrap``), or Metal's as C++ (``metal_wrap``)."""
     from mlx_lm_turbo.kernels import decode_attention_simd as simd
     from mlx_lm_turbo.kernels.decode_call import ATTENTION_INPUTS
 
-    header = simd.kernel_header("cuda")
+    build = wrap if backend == "cuda" else metal_wrap
+    header = simd.kernel_header(backend)
     types = {"rows": "uint32", "sink_pos": "int32", "mask": mask_dtype}
     exact = ("q", "keys", "sink_keys", "sink_values", "tail_keys", "tail_values")
     types.update({name: dtype for name in exact})
     return [
-        wrap(
+        build(
             "simd_attention",
-            simd.kernel_source("cuda", simd.BODIES[0]),
+            simd.kernel_source(backend, simd.BODIES[0]),
             header,
             [(n, types.get(n, "float32")) for n in ATTENTION_INPUTS],
             [("parts", "float32"), ("stats", "float32")],
             partials,
         ),
-        wrap(
+        build(
             "simd_merge",
-            simd.kernel_source("cuda", simd.BODIES[1]),
+            simd.kernel_source(backend, simd.BODIES[1]),
             header,
             [(n, "float32") for n in simd.MERGE_INPUTS],
             [("out", dtype)],
@@ -231,36 +233,6 @@ def metal_wrap(name, body, header, inputs, outputs, template):
     )
 
 
-def metal_units(dtype, mask_dtype, partials, merge):
-    """The two kernels MLX's Metal backend builds for one variant of the SIMD kernels,
-    as C++ (``metal_wrap``)."""
-    from mlx_lm_turbo.kernels import decode_attention_simd as simd
-    from mlx_lm_turbo.kernels.decode_call import ATTENTION_INPUTS
-
-    header = simd.kernel_header("metal")
-    types = {"rows": "uint32", "sink_pos": "int32", "mask": mask_dtype}
-    exact = ("q", "keys", "sink_keys", "sink_values", "tail_keys", "tail_values")
-    types.update({name: dtype for name in exact})
-    return [
-        metal_wrap(
-            "simd_attention",
-            simd.kernel_source("metal", simd.BODIES[0]),
-            header,
-            [(n, types.get(n, "float32")) for n in ATTENTION_INPUTS],
-            [("parts", "float32"), ("stats", "float32")],
-            partials,
-        ),
-        metal_wrap(
-            "simd_merge",
-            simd.kernel_source("metal", simd.BODIES[1]),
-            header,
-            [(n, "float32") for n in simd.MERGE_INPUTS],
-            [("out", dtype)],
-            merge,
-        ),
-    ]
-
-
 def compile_metal_as_cpp(unit, path):
     """A C++ compiler's syntax and type check of one ``metal_wrap`` unit (C++14, as
     Metal's language is)."""
@@ -322,8 +294,8 @@ def main():
         parser.error("--metal-as-cpp checks the SIMD kernels: add --simd")
     if args.simd:
         variants = list(simd_variants())[:: args.every]
-        build = metal_units if args.metal_as_cpp else simd_units
-        units = [unit for variant in variants for unit in build(*variant)]
+        backend = "metal" if args.metal_as_cpp else "cuda"
+        units = [unit for v in variants for unit in simd_units(*v, backend=backend)]
         sys.exit(compile_all(units, args.arch, args.metal_as_cpp))
     from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source

@@ -41,6 +41,16 @@ from mlx_lm_turbo.kernels import decode_attention_simd as simd
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
+def scripts_compile_kernels():
+    """``scripts/compile_kernels.py`` as a module (the scripts are no package)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import compile_kernels
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return compile_kernels
+
+
 @pytest.fixture(autouse=True)
 def portable_caches(monkeypatch):
     """Caches encode every token themselves (no decode token left to a launch), and the
@@ -130,11 +140,7 @@ def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_cuda_build_compiles():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import compile_kernels
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    compile_kernels = scripts_compile_kernels()
     # 3-bit codes (words straddled), sink tokens, a tail in a window, an additive mask
     variant = next(
         v
@@ -152,16 +158,12 @@ def test_the_metal_build_compiles_as_cpp_against_metals_names():
     # No Metal compiler here: MLX's Metal kernel, written as MLX writes it, checked by a
     # C++14 compiler against a stand-in of Metal's names and types (undeclared names,
     # type errors, C++ beyond Metal's). A stand-in that hid errors would fail below.
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import compile_kernels
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    compile_kernels = scripts_compile_kernels()
     variants = list(compile_kernels.simd_variants())
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "unit.cpp"
         for variant in variants[::23]:  # every dtype, head dim, width and mask kind
-            for unit in compile_kernels.metal_units(*variant):
+            for unit in compile_kernels.simd_units(*variant, backend="metal"):
                 run = compile_kernels.compile_metal_as_cpp(unit, path)
                 assert run.returncode == 0, run.stderr[-4000:]
         broken = unit.replace("BARRIER();", "__syncthreads();", 1)
@@ -203,8 +205,8 @@ def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
         monkeypatch.setattr(module, "gpu_backend", lambda: "metal")
     calls = []
     monkeypatch.setattr(
-        decode_attention,
-        "simd_decode_attention",
+        simd,
+        "launch",
         lambda q, kv, scale, mask, sinks, backend: calls.append(backend) or q,
     )
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)

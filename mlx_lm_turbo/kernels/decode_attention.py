@@ -26,7 +26,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .decode_attention_simd import simd_decode_attention
+from . import decode_attention_simd
 from .decode_call import (
     ATTENTION_INPUTS,
     MAX_SINKS,
@@ -67,7 +67,8 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
     ):
         return None
     if gpu_backend() == "metal":  # the simple kernels: Metal cannot run this one
-        return simd_decode_attention(queries, kv, scale, mask, sinks, "metal")
+        # checked as they check (use_kernel covers their head dims)
+        return decode_attention_simd.launch(queries, kv, scale, mask, sinks, "metal")
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)[0]
 
 
