@@ -205,8 +205,8 @@ def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
         monkeypatch.setattr(module, "gpu_backend", lambda: "metal")
     calls = []
     monkeypatch.setattr(
-        simd,
-        "launch",
+        decode_attention,
+        "simd_launch",
         lambda q, kv, scale, mask, sinks, backend: calls.append(backend) or q,
     )
     cache = filled_cache(TurboQuantKVCache("turbo4"), 64, 2, 64, mx.float16)

@@ -26,7 +26,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from . import decode_attention_simd
+from .decode_attention_simd import simd_launch
 from .decode_call import (
     ATTENTION_INPUTS,
     MAX_SINKS,
@@ -68,7 +68,7 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
         return None
     if gpu_backend() == "metal":  # the simple kernels: Metal cannot run this one
         # checked as they check (use_kernel covers their head dims)
-        return decode_attention_simd.launch(queries, kv, scale, mask, sinks, "metal")
+        return simd_launch(queries, kv, scale, mask, sinks, "metal")
     return _cuda_decode_attention(queries, kv, scale, mask, sinks)[0]
 
 

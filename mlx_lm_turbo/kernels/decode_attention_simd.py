@@ -116,10 +116,10 @@ def simd_decode_attention(queries, kv, scale, mask, sinks, backend):
     (``kv.pending``: the cache encodes it first, as for ``fused_decode_attention``)."""
     if kv.pending is not None or simd_call_support(queries, kv, mask) is not None:
         return None
-    return launch(queries, kv, scale, mask, sinks, backend)
+    return simd_launch(queries, kv, scale, mask, sinks, backend)
 
 
-def launch(queries, kv, scale, mask, sinks, backend):
+def simd_launch(queries, kv, scale, mask, sinks, backend):
     """The SIMD kernels' output for a call checked already (``simd_decode_attention``'s
     checks, which ``fused_decode_attention`` makes too)."""
     codec = kv.codec
