@@ -24,8 +24,8 @@ slows the Python down, so the table's build column is then not comparable).
 be timed on any machine (wrong outputs; the build column is what it is for).
 
     python benchmarks/decode_step_split.py --model PATH [--context 8000] [--steps 64]
-        [--caches fp16 turbo4 turbo2] [--rounds 5] [--profile 25] [--stub-kernels]
-        [--out results.md]
+        [--caches fp16 turbo4 turbo2] [--recent-exact 1 32] [--rounds 5] [--profile 25]
+        [--stub-kernels] [--out results.md]
 """
 
 import argparse
@@ -44,7 +44,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import load
 
-from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP
+from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from mlx_lm_turbo.tools.bench import CacheKind, book_tokens
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -95,6 +95,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
     parser.add_argument(
+        "--recent-exact",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_RECENT_EXACT],
+        metavar="W",
+        help="run each turbo cache once per W (each query also reading the W - 1 "
+        "tokens before it exactly); rows 'turbo4 r32'",
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, help="print the N costliest functions"
     )
     parser.add_argument("--stub-kernels", action="store_true")
@@ -120,7 +129,12 @@ def main():
         "|---|---:|---:|---:|---:|---|",
     ]
     print("\n".join(lines), flush=True)
-    kinds = [CacheKind(name, args.boundary_skip) for name in args.caches]
+    kinds = []
+    for name in args.caches:
+        windows = (
+            args.recent_exact if name.startswith("turbo") else [DEFAULT_RECENT_EXACT]
+        )
+        kinds += [CacheKind(name, args.boundary_skip, w) for w in windows]
     runs = {kind.name: [] for kind in kinds}
     profilers = {
         kind.name: cProfile.Profile() if args.profile else None for kind in kinds

@@ -114,7 +114,7 @@ def main():
 
     calls = []
     kernel = decode_attention._kernel(decode_attention.WARPS)
-    decode_attention._kernel = lambda warps, raw_tail=False: (
+    decode_attention._kernel = lambda warps, raw_tail=False, recent=False: (
         lambda **kw: calls.append(kw) or kernel(**kw)
     )
     fused()

@@ -79,6 +79,7 @@ def attention_variants():
         R = min(G * L, 1024 // D)
         # a decode token's own encoding in the launch (one token, quantized keys)
         raw_tail = L == 1 and KB > 0 and mask != 2
+        recent = raw_tail and G == 1  # a window of recent rows before the raw token
         flag_bits = flags(
             mask,
             True,
@@ -89,11 +90,12 @@ def attention_variants():
             raw_tail,
             raw_tail and D != 128,
             raw_tail and G == 4,  # the row written in place too
+            recent,
         )
-        window = 0 if L == 1 else 1
+        window = 32 if recent else 0 if L == 1 else 1
         yield (
             dtype,
-            raw_tail,
+            (raw_tail, recent),
             template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits),
         )
 
@@ -310,7 +312,8 @@ def main():
         if args.variants is not None
         else variants[:: args.every]
     )
-    for dtype, raw_tail, template in chosen:
+    for dtype, kind, template in chosen:
+        _, names, outputs, empty = decode_attention.KERNELS[kind]
         types = {
             "q": dtype,
             "keys": dtype,
@@ -323,21 +326,19 @@ def main():
             "tail_keys": dtype,
             "tail_values": dtype,
             "mask": "bool",
+            "recent": dtype,
         }
-        names = (
-            decode_attention.RAW_TAIL_INPUTS if raw_tail else decode_attention.INPUTS
-        )
+        output_types = {"out": dtype, "new_rows": "uint32", "next_recent": dtype}
         units.append(
             wrap(
                 "attention",
                 attention_body,
                 decode_attention.launch_bounds(4)
                 + decode_attention.HEADER_CONSTANTS
-                + ("" if raw_tail else decode_attention.NO_RAW_TAIL)
+                + empty
                 + header,
                 [(n, types.get(n, "float32")) for n in names],
-                [("out", dtype), ("work", "float32")]
-                + ([("new_rows", "uint32")] if raw_tail else []),
+                [(n, output_types.get(n, "float32")) for n in outputs],
                 template,
             )
         )

@@ -525,7 +525,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     kernel = recording_kernel(calls)
 
     monkeypatch.setattr(
-        decode_attention, "_kernel", lambda warps, raw_tail=False: kernel
+        decode_attention, "_kernel", lambda warps, raw_tail=False, recent=False: kernel
     )
     monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
@@ -590,7 +590,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail=False: made.append(raw_tail) or kernel,
+        lambda warps, raw_tail=False, recent=False: made.append(raw_tail) or kernel,
     )
     monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
     cache = filled_cache(
@@ -605,7 +605,8 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
     assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
-    out, rows = fused_decode_and_encode(q, view, 0.125, mask)
+    out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
+    assert recent_rows is None  # no window
     (arguments,) = calls
     assert made == [True]
     inputs, at = arguments["inputs"], decode_attention.AT
@@ -623,6 +624,52 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
 
 
+def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkeypatch):
+    # Runs anywhere (the kernel a recording stand-in): with a window of exact recent
+    # tokens the decode step's one launch takes the rows of the tokens before its own
+    # (attention domain, then as the model gave them) and writes them one token on.
+    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+
+    calls, made = [], []
+    kernel = recording_kernel(calls)
+    monkeypatch.setattr(
+        decode_attention,
+        "_kernel",
+        lambda warps, raw_tail=False, recent=False: (
+            made.append((raw_tail, recent)) or kernel
+        ),
+    )
+    monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
+    cache = TurboQuantKVCache("turbo4", recent_exact=8)
+    filled_cache(cache, 48, 2, 64, mx.float16)
+    raw = cache.recent
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
+    assert view.recent.shape == (1, 2, 7, 4 * 64) and view.window == 8
+    exact = view.codec.exact(*raw)
+    for i, a in enumerate((*exact, *raw)):
+        assert mx.array_equal(view.recent[..., 64 * i : 64 * (i + 1)], a).item()
+    out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
+    (arguments,) = calls
+    assert made == [(True, True)]
+    inputs, at = arguments["inputs"], decode_attention.AT
+    assert len(inputs) == len(decode_attention.RECENT_INPUTS)
+    assert inputs[at["recent"]] is view.recent
+    assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
+    flag_bits = dict(arguments["template"])["CODE"] >> 13
+    assert flag_bits & 1024 and flag_bits & 128 and flag_bits & 16  # recent, raw, tail
+    assert dict(arguments["template"])["WINDOW"] == 8
+    assert arguments["output_shapes"][3] == view.recent.shape
+    assert recent_rows.shape == view.recent.shape and rows.shape[2] == 1
+    cache.store_row(view, rows, recent_rows)
+    assert cache._recent_rows_now() is recent_rows
+
+
 # -- a decode token encoded in its attention launch ------------------------------
 def emulated_launch(calls):
     """``fused_decode_and_encode`` by the portable path (runs anywhere): the token's
@@ -634,13 +681,25 @@ def emulated_launch(calls):
     def launch(queries, kv, scale, mask, sinks=None, in_place=False):
         calls.append((kv, in_place))
         (rows,), exact_keys, exact_values = kv.codec.encode(kv.new_keys, kv.new_values)
+        recent_rows = None
+        if kv.recent is not None:  # the window's rows read first, handed back one on
+            new = [exact_keys, exact_values, kv.new_keys, kv.new_values]
+            recent_rows = mx.concatenate(
+                [kv.recent[:, :, 1:], mx.concatenate(new, axis=-1)], axis=2
+            )
+            D = kv.codec.key_dim
+            exact_keys, exact_values = (
+                mx.concatenate([kv.recent[..., i * D : (i + 1) * D], a], axis=2)
+                for i, a in enumerate((exact_keys, exact_values))
+            )
         plain = TurboKV(
             kv.codec, kv.stored, exact_keys, exact_values, kv.sinks, kv.window
         )
         if in_place:
             slot = kv.stored[-1].shape[2] - 1
             kv.pending.stored[-1][:, :, slot : slot + 1] = rows
-        return blockwise_attention(queries, plain, scale, mask, sinks), rows
+        out = blockwise_attention(queries, plain, scale, mask, sinks)
+        return out, rows, recent_rows
 
     return launch
 
@@ -687,14 +746,23 @@ def states_equal(a, b):
             assert mx.array_equal(x, y).item()
 
 
-@pytest.mark.parametrize("calibration", ["center", "center+scale"])
+@pytest.mark.parametrize(
+    "calibration, recent_exact",
+    [("center", 1), ("center+scale", 1), ("center", 8), ("none", 8)],
+)
 def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
-    monkeypatch, launch_anywhere, calibration
+    monkeypatch, launch_anywhere, calibration, recent_exact
 ):
+    # With a window (recent_exact > 1) the launch also reads the recent tokens from
+    # the rows the cache hands it, and hands them back one token on.
     import mlx_lm_turbo.cache.cache as cache_module
 
-    deferred = TurboQuantKVCache("turbo4", key_calibration=calibration)
-    plain = TurboQuantKVCache("turbo4", key_calibration=calibration)
+    def new():
+        return TurboQuantKVCache(
+            "turbo4", key_calibration=calibration, recent_exact=recent_exact
+        )
+
+    deferred, plain = new(), new()
     for cache in (deferred, plain):
         filled_cache(cache, 40, 2, 64, mx.float32)
     out = decode_steps(deferred, 5)
@@ -704,6 +772,18 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     for a, b in zip(out, reference):
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-6).item()
     states_equal(deferred, plain)
+    if recent_exact > 1:
+        # the launch's view: the 7 tokens before its own, as rows of 4 x 64
+        view, _ = launch_anywhere[-1]
+        assert view.recent.shape == (1, 2, 7, 4 * 64)
+        # held once: the recent copies are views of the launch's rows
+        rows = deferred._recent_rows[1]
+        assert deferred.nbytes == plain.nbytes + rows.nbytes // 2
+        # and a chunk after the steps goes on as the plain cache does
+        k, v = (mx.random.normal((1, 2, 5, 64), key=mx.random.key(i)) for i in (4, 5))
+        for cache in (deferred, plain):
+            cache.update_and_fetch(k, v)
+        states_equal(deferred, plain)
 
 
 def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
@@ -750,45 +830,63 @@ def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
     assert twin.offset == 45
 
 
+@pytest.mark.parametrize("recent_exact", [1, 8])
 def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
-    monkeypatch, launch_anywhere
+    monkeypatch, launch_anywhere, recent_exact
 ):
     import mlx_lm_turbo.cache.cache as cache_module
 
-    deferred = filled_cache(TurboQuantKVCache("turbo3"), 40, 2, 64, mx.float32)
+    def new():
+        cache = TurboQuantKVCache("turbo3", recent_exact=recent_exact)
+        return filled_cache(cache, 40, 2, 64, mx.float32)
+
+    deferred = new()
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
     view, _ = deferred.update_and_fetch(k, v)
     assert view.pending is deferred and deferred.offset == 41
+    assert (view.recent is None) == (recent_exact == 1)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    plain = filled_cache(TurboQuantKVCache("turbo3"), 40, 2, 64, mx.float32)
+    plain = new()
     plain_view, _ = plain.update_and_fetch(k, v)
     states_equal(deferred, plain)  # no attention call: state encodes it
-    assert view.pending is None  # and the view is a plain one now
+    assert view.pending is None and view.recent is None  # a plain view now
+    assert view.new_keys.shape[2] == recent_exact
     assert mx.array_equal(view.new_keys, plain_view.new_keys).item()
-    assert deferred.trim(1) == plain.trim(1) == 1
-    states_equal(deferred, plain)
+    if recent_exact == 1:  # (a window's caches cannot be trimmed)
+        assert deferred.trim(1) == plain.trim(1) == 1
+        states_equal(deferred, plain)
 
 
+@pytest.mark.parametrize("recent_exact", [1, 8])
 def test_a_launch_that_declines_leaves_the_token_to_the_cache(
-    monkeypatch, launch_anywhere
+    monkeypatch, launch_anywhere, recent_exact
 ):
     import mlx_lm_turbo.cache.attention as attention
     import mlx_lm_turbo.cache.cache as cache_module
 
+    def new():
+        cache = TurboQuantKVCache("turbo4", recent_exact=recent_exact)
+        return filled_cache(cache, 40, 2, 64, mx.float32)
+
     monkeypatch.setattr(attention, "fused_decode_and_encode", lambda *a, **k: None)
-    deferred = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    deferred = new()
     out = decode_steps(deferred, 3)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    plain = new()
     for a, b in zip(out, decode_steps(plain, 3)):
         assert mx.array_equal(a, b).item()
     states_equal(deferred, plain)
 
 
-def test_a_view_attended_twice_gives_the_same_output(monkeypatch, launch_anywhere):
+@pytest.mark.parametrize("recent_exact", [1, 8])
+def test_a_view_attended_twice_gives_the_same_output(
+    monkeypatch, launch_anywhere, recent_exact
+):
     from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    cache = filled_cache(
+        TurboQuantKVCache("turbo4", recent_exact=recent_exact), 40, 2, 64, mx.float32
+    )
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
     q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(3))
     view, _ = cache.update_and_fetch(k, v)
@@ -823,7 +921,7 @@ def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
     )
     q, view, mask = step_inputs(cache, 1, 4, 3, D, dtype)
     assert view.pending is cache and cache.row_in_place(view)
-    out, rows = fused_decode_and_encode(q, view, D**-0.5, mask, in_place=True)
+    out, rows, _ = fused_decode_and_encode(q, view, D**-0.5, mask, in_place=True)
     (encoded,), exact_keys, exact_values = fused_encode(
         view.codec, view.new_keys, view.new_values
     )
@@ -856,6 +954,43 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for a, b in zip(out, decode_steps(two, 4, D=128, dtype=mx.float16)):
         assert relative_error(a, b) < 1e-6
+    states_equal(one, two)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scheme, D, dtype",
+    [
+        ("turbo4", 128, mx.float16),
+        ("turbo3", 64, mx.bfloat16),
+        ("turbo2", 256, mx.float16),
+        ("turbo4v2", 128, mx.float32),
+    ],
+)
+def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(
+    monkeypatch, scheme, D, dtype
+):
+    # recent_exact 32: each step's one launch reads the 31 recent tokens from the rows
+    # the cache hands it and hands them back one token on. The plain update encodes the
+    # window with each token (the encode kernel) and attends with a second launch. The
+    # first step's rows are made by MLX ops (codec.exact) where the plain update's
+    # copies come from the encode kernel: the same arithmetic in another order, so the
+    # outputs agree to the kernels' tolerance against each other (2e-3 relative, as
+    # against the portable path), the stored bits exactly.
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+
+    def new():
+        cache = TurboQuantKVCache(scheme, recent_exact=32)
+        return filled_cache(cache, 766, 2, D, dtype)
+
+    one, two = new(), new()
+    out = decode_steps(one, 6, D=D, dtype=dtype)
+    assert one._deferred is None and one._recent_rows is not None
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
+    for a, b in zip(out, decode_steps(two, 6, D=D, dtype=dtype), strict=True):
+        assert relative_error(a, b) < 2e-3
     states_equal(one, two)
 
 

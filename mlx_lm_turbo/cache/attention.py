@@ -70,8 +70,8 @@ def turbo_scaled_dot_product_attention(
             in_place = cache.row_in_place(kv)
             step = fused_decode_and_encode(queries, kv, scale, mask, sinks, in_place)
             if step is not None:
-                out, rows = step
-                cache.store_row(kv, rows)
+                out, rows, recent_rows = step
+                cache.store_row(kv, rows, recent_rows)
                 return out
         cache.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)

@@ -290,6 +290,7 @@ class _TurboCache:
         codec: deep-copied caches (a prompt cache's entries) share it."""
         if (
             self.sink_tokens
+            and self.codec.key_calibration != "none"
             and self.codec.key_mean is None
             and self.codec.key_scale is None
             and self._sink_count() == self.sink_tokens
@@ -455,7 +456,7 @@ class _TurboCache:
         arrays = (
             list(self.stored or ())
             + list(self.sinks or ())
-            + list(self.recent or ())
+            + self._recent_arrays()
             + self._converted_sink_arrays()
         )
         if self.codec is not None:
@@ -466,6 +467,9 @@ class _TurboCache:
         return total + (
             self.uncompressed.nbytes if self.uncompressed is not None else 0
         )
+
+    def _recent_arrays(self):
+        return list(self.recent or ())
 
     def _extra_meta(self):
         return {}
@@ -611,6 +615,22 @@ class TurboQuantKVCache(_TurboCache):
     # 0 when they grow into new ones, raised by every slice of them handed out, None
     # once they are handed out or in whole (a state, ``keys``, a copy of the cache).
     _private_from = None
+    # (codec, rows): the recent tokens as a launch reads them (_recent_rows_now), or
+    # None. While they are held, ``recent`` is views of them, made when asked for (not
+    # at every step: each slice costs the host microseconds); setting ``recent``
+    # drops them.
+    _recent_rows = None
+
+    @property
+    def recent(self):
+        if self._recent is None and self._recent_rows is not None:
+            rows, D = self._recent_rows[1], self.codec.key_dim
+            self._recent = (rows[..., 2 * D : 3 * D], rows[..., 3 * D :])
+        return self._recent
+
+    @recent.setter
+    def recent(self, value):
+        self._recent, self._recent_rows = value, None
 
     def _make_uncompressed(self):
         return KVCache()
@@ -663,6 +683,8 @@ class TurboQuantKVCache(_TurboCache):
             # launch reads this view), and handing it to the launch shares no slot.
             view = self._view(self._slice(), keys, values)
             view.pending = self
+            if self.recent_exact > 1:
+                view.recent = self._recent_rows_now()
             self._deferred = (view, keys, values, position, in_place)
             return view, view
         self.settle()
@@ -693,18 +715,52 @@ class TurboQuantKVCache(_TurboCache):
 
     def _defers(self, keys):
         """Whether this token's encoding waits for its attention launch: one token, all
-        sink tokens kept and measured (nothing else reads it before attention), each
-        query reading only itself exactly, and a kernel that encodes it."""
+        sink tokens kept and measured (nothing else reads it before attention), a full
+        window of recent tokens where queries read one (the launch reads them exactly
+        and hands them back one token on), and a kernel that encodes it."""
         return (
             self.codec is not None
             and self.stored is not None
             and isinstance(keys, mx.array)
             and keys.ndim == 4
             and keys.shape[2] == 1
-            and self.recent_exact == 1
+            and (self.recent_exact == 1 or self._window_full())
             and self._sink_count() == self.sink_tokens
             and raw_tail_support(self.codec)
         )
+
+    def _window_full(self):
+        """Whether ``recent`` holds all recent_exact - 1 tokens, in the codec's dtype, of
+        keys and values of one head dim (a launch's recent rows hold both)."""
+        if self._recent_rows is not None and self._recent_rows[0] is self.codec:
+            return True
+        return (
+            self.recent is not None
+            and self.recent[0].shape[2] == self.recent_exact - 1
+            and self.recent[0].dtype == self.recent[1].dtype == self.codec.dtype
+            and self.codec.key_dim == self.codec.value_dim
+        )
+
+    def _recent_rows_now(self):
+        """The recent tokens as a launch reads them: a row of 4 x head_dim each, key and
+        value in the attention domain, then as the model gave them. Made here once after
+        a plain update (``recent`` becomes views of it); a launch hands the next ones back
+        (``store_row``)."""
+        held = self._recent_rows
+        if held is None or held[0] is not self.codec:
+            rows = mx.concatenate(
+                [*self.codec.exact(*self.recent), *self.recent], axis=-1
+            )
+            self._keep_recent_rows(rows)
+        return self._recent_rows[1]
+
+    def _recent_arrays(self):
+        if self._recent_rows is not None:
+            return [self._recent_rows[1]]  # ``recent`` are views of these rows
+        return super()._recent_arrays()
+
+    def _keep_recent_rows(self, rows):
+        self._recent, self._recent_rows = None, (self.codec, rows)
 
     def defers(self, view) -> bool:
         """Whether ``view``'s token still waits for its launch to be encoded."""
@@ -715,13 +771,16 @@ class TurboQuantKVCache(_TurboCache):
         itself (no one else can hold that slot)."""
         return self.defers(view) and self._deferred[4]
 
-    def store_row(self, view, rows):
+    def store_row(self, view, rows, recent_rows=None):
         """Store the row the attention launch encoded for ``view``'s token (where the
-        launch wrote it in place, keep it for ``_order_rows``)."""
+        launch wrote it in place, keep it for ``_order_rows``), and the recent rows it
+        handed back one token on."""
         if not self.defers(view):
             raise RuntimeError("This view's token is no longer waiting for its row.")
         position, in_place = self._deferred[3:]
         self._deferred = None
+        if recent_rows is not None:
+            self._keep_recent_rows(recent_rows)
         if not in_place:
             self._write((rows,), position)
             return
@@ -751,7 +810,7 @@ class TurboQuantKVCache(_TurboCache):
         if self._deferred is not None and (view is None or self.defers(view)):
             view, keys, values, position, _ = self._deferred
             self._deferred = None
-            stored, exact_keys, exact_values = encode(self.codec, keys, values)
+            stored, exact_keys, exact_values = self._encode(keys, values, position)
             self._write(stored, position)
             # sliced after the write, as a plain update
             view.stored = self._stored_slice()
@@ -759,9 +818,16 @@ class TurboQuantKVCache(_TurboCache):
             _, exact_keys, exact_values = encode(
                 self.codec, view.new_keys, view.new_values
             )
+            if view.recent is not None:  # the tokens before it, as its launch read them
+                D = self.codec.key_dim
+                exact_keys, exact_values = (
+                    mx.concatenate([view.recent[..., i * D : (i + 1) * D], a], axis=2)
+                    for i, a in enumerate((exact_keys, exact_values))
+                )
         else:
             return
-        view.new_keys, view.new_values, view.pending = exact_keys, exact_values, None
+        view.new_keys, view.new_values = exact_keys, exact_values
+        view.pending = view.recent = None
 
     def _update_compressed(self, stored, exact_keys, exact_values):
         self._store(stored)

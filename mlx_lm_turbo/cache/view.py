@@ -22,7 +22,11 @@ class TurboKV:
     ``new_keys``/``new_values`` are then as the model gave them, and its slot in
     ``stored`` holds no row: attention hands the token to the fused kernel, which
     encodes it in the same launch, or asks the cache to encode it first
-    (``TurboQuantKVCache.settle``), which makes this a plain view.
+    (``TurboQuantKVCache.settle``), which makes this a plain view. Where each query
+    also reads the tokens before it exactly (``window`` > 1), ``recent`` holds the
+    ``window - 1`` tokens before the pending one, a row of 4 x head_dim each: key and
+    value in the attention domain, then as the model gave them (the launch reads the
+    first half and hands the rows back one token on).
     """
 
     __slots__ = (
@@ -33,6 +37,7 @@ class TurboKV:
         "sinks",
         "window",
         "pending",
+        "recent",
     )
 
     def __init__(
@@ -44,11 +49,12 @@ class TurboKV:
         sinks=None,
         window=None,
         pending=None,
+        recent=None,
     ):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
         self.sinks, self.window = sinks, window
-        self.pending = pending
+        self.pending, self.recent = pending, recent
 
     @property
     def shape(self):

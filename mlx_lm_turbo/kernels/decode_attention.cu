@@ -19,7 +19,11 @@
 // the slices' rows and their (max, sum); `counters` (one per group) is zero on entry and
 // left zero on exit, so nothing needs filling per call (a fill is one more launch);
 // `previous` (unread) is the layer's last call's output, so MLX runs the calls sharing
-// counters in order.
+// counters in order. RECENT (a raw tail with a window of exact recent tokens): `recent`
+// holds the W - 1 tokens before the raw one, each as one row of 4D values (key and value
+// in the attention domain, then key and value as the model gave them); the exact tail is
+// those and the raw token, and the head's first exact block writes `next_recent`, the
+// same rows one token on (the raw token's last), which the cache keeps for the next step.
 using namespace turbo;
 constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
 constexpr int R = SHAPE >> 22;
@@ -29,6 +33,7 @@ constexpr int MASK_KIND = FLAGS & 3;  // 0 none, 1 causal, 2 an array
 constexpr bool MASK_BOOL = FLAGS & 4, HAS_KSCALE = FLAGS & 8, HAS_TAIL = FLAGS & 16;
 constexpr bool HAS_SINK_TOKENS = FLAGS & 32, HAS_SINKS = FLAGS & 64;  // HAS_SINKS: logits
 constexpr bool RAW_TAIL = FLAGS & 128, HAS_KMEAN = FLAGS & 256, ROW_IN_PLACE = FLAGS & 512;
+constexpr bool RECENT = FLAGS & 1024;
 const float* k_signs = consts;
 const float* v_signs = consts + D;
 const float* k_levels_in = consts + 2 * D;
@@ -84,7 +89,10 @@ constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
 const int n_tokens = rows_shape[2];
 const int n_splits = gridDim.x - (HAS_EXACT ? 1 : 0);
 const int split_len = ((n_tokens + n_splits - 1) / n_splits + 31) / 32 * 32;
-const int n_exact = HAS_TAIL ? tail_keys_shape[2] : 0;
+const int n_recent = RECENT ? recent_shape[2] : 0;
+const int n_exact = HAS_TAIL ? tail_keys_shape[2] + n_recent : 0;
+// Where the variant has no window, the header declares `recent` of another type.
+const T* recent_rows = static_cast<const T*>(static_cast<const void*>(recent));
 const int n_sinks = HAS_SINK_TOKENS ? sink_pos_shape[2] : 0;
 const int n_kv_heads = rows_shape[1];
 const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
@@ -248,9 +256,14 @@ auto exact_token = [&](int item) {
 };
 // A raw tail's one token: its key (dims 0..D-1) and value (D..2D-1), rotated here.
 __shared__ __align__(16) T raw_tail[RAW_TAIL ? 2 * D : 1];
-auto exact_row = [&](int item, auto* sink_arr, const auto& sink_strides, auto* tail_arr,
-                     const auto& tail_strides, const T* raw) {
-  if (RAW_TAIL && item >= n_sinks) return raw;
+// part: 0 the key, 1 the value (a recent row holds both)
+auto exact_row = [&](int item, int part, auto* sink_arr, const auto& sink_strides,
+                     auto* tail_arr, const auto& tail_strides) -> const T* {
+  if (RAW_TAIL && item == n_sinks + n_exact - 1) return raw_tail + part * D;
+  if (RECENT && item >= n_sinks) {
+    return recent_rows + b * recent_strides[0] + h * recent_strides[1] +
+           (item - n_sinks) * recent_strides[2] + part * D;
+  }
   return item < n_sinks
              ? sink_arr + b * sink_strides[0] + h * sink_strides[1] + item * sink_strides[2]
              : tail_arr + b * tail_strides[0] + h * tail_strides[1] +
@@ -395,8 +408,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       const T* row;
       if constexpr (EXACT) {
         t = exact_token(item);
-        row = exact_row(item, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides,
-                        raw_tail);
+        row = exact_row(item, 0, sink_keys, sink_keys_strides, tail_keys, tail_keys_strides);
       } else {
         row = k_exact + k_base + int64_t(t) * keys_strides[2];
       }
@@ -549,8 +561,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     for (int jj = 0; jj < n_items; ++jj) {
       float v[DPL];
       if constexpr (EXACT) {
-        const T* row = exact_row(first + jj, sink_values, sink_values_strides, tail_values,
-                                 tail_values_strides, raw_tail + (RAW_TAIL ? D : 0));
+        const T* row = exact_row(first + jj, 1, sink_values, sink_values_strides, tail_values,
+                                 tail_values_strides);
 #pragma unroll
         for (int k = 0; k < DPL; ++k) v[k] = to_float(row[lane * DPL + k]);
       } else {
@@ -643,6 +655,29 @@ if constexpr (RAW_TAIL && KB > 0) {
     }
   }
   __syncthreads();
+  if constexpr (RECENT) {
+    if (split == n_splits && rg == 0) {
+      T* to = static_cast<T*>(static_cast<void*>(next_recent)) +
+              (int64_t(b) * n_kv_heads + h) * n_recent * 4 * D;
+      const T* from = recent_rows + b * recent_strides[0] + h * recent_strides[1];
+      const int64_t raw_k = b * tail_keys_strides[0] + h * tail_keys_strides[1];
+      const int64_t raw_v = b * tail_values_strides[0] + h * tail_values_strides[1];
+      for (int idx = threadIdx.x; idx < n_recent * 4 * D; idx += THREADS) {
+        const int j = idx / (4 * D), c = idx % (4 * D);
+        T x;
+        if (j + 1 < n_recent) {
+          x = from[(j + 1) * recent_strides[2] + c];
+        } else if (c < 2 * D) {
+          x = raw_tail[c];
+        } else if (c < 3 * D) {
+          x = tail_keys[raw_k + (c - 2 * D) * tail_keys_strides[3]];
+        } else {
+          x = tail_values[raw_v + (c - 3 * D) * tail_values_strides[3]];
+        }
+        to[idx] = x;
+      }
+    }
+  }
 }
 if (HAS_EXACT && split == n_splits) {
   float acc[R][DPL] = {};

@@ -81,14 +81,17 @@ def raw_tail_support(codec) -> bool:
 
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):
-    """(attention output, the new token's packed row (B, H, 1, row words)) from one
-    launch, for a view whose one-token tail is as the model gave it (``kv.pending``: its
-    cache checked ``raw_tail_support``); None where the kernel does not take the call
-    (the cache then encodes it as usual). ``in_place``: the launch also writes the row
-    into the token's slot, the last of ``kv.stored``, whose buffer only the cache may
-    hold (MLX knows nothing of that write: the layer's next launch reads it, ordered
-    after this one by its ``previous`` input; anything else must read the row through
-    an op that takes the returned one)."""
+    """(attention output, the new token's packed row (B, H, 1, row words), the next
+    step's recent rows or None) from one launch, for a view whose one-token tail is as
+    the model gave it (``kv.pending``: its cache checked ``raw_tail_support``); None
+    where the kernel does not take the call (the cache then encodes it as usual).
+    ``in_place``: the launch also writes the row into the token's slot, the last of
+    ``kv.stored``, whose buffer only the cache may hold (MLX knows nothing of that
+    write: the layer's next launch reads it, ordered after this one by its ``previous``
+    input; anything else must read the row through an op that takes the returned one).
+    With a window of exact recent tokens (``kv.recent``: the tokens before this one,
+    both in the attention domain and as the model gave them, a row of 4 x head_dim
+    each), the launch reads them exactly and returns them one token on."""
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
@@ -96,26 +99,55 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
         or call_support(queries, kv, mask) is not None
     ):
         return None
-    out, _, rows = _cuda_decode_attention(
+    outputs = _cuda_decode_attention(
         queries, kv, scale, mask, sinks, raw_tail=True, in_place=in_place
     )
-    return out, rows
+    return outputs[0], outputs[2], outputs[3] if kv.recent is not None else None
 
 
 # A call's host cost grows with its inputs and template values
 # (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
 # input, the variant's yes/no choices as one template value.
 INPUTS = (*ATTENTION_INPUTS, "sink_logits", "counters", "previous")
-# A raw tail's calls also take the key mean and write the new token's row; the other
-# calls' kernel has neither, so the source's names for them are declared empty.
+# A raw tail's calls also take the key mean and write the new token's row, and with a
+# window of recent tokens read and write their rows; the other calls' kernels have
+# none of these, so the source's names for them are declared empty.
 RAW_TAIL_INPUTS = (*INPUTS, "kmean")
-AT = {name: i for i, name in enumerate(RAW_TAIL_INPUTS)}  # an input's place in a call
+RECENT_INPUTS = (*RAW_TAIL_INPUTS, "recent")
+AT = {name: i for i, name in enumerate(RECENT_INPUTS)}  # an input's place in a call
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 NO_RAW_TAIL = (
     "__device__ const float* const kmean = nullptr;\n"
     "__device__ constexpr int64_t kmean_strides[3] = {0, 0, 0};\n"
     "__device__ uint32_t* const new_rows = nullptr;\n"
 )
+NO_RECENT = (
+    "__device__ const float* const recent = nullptr;\n"
+    "__device__ constexpr int32_t recent_shape[4] = {0, 0, 0, 0};\n"
+    "__device__ constexpr int64_t recent_strides[4] = {0, 0, 0, 0};\n"
+    "__device__ float* const next_recent = nullptr;\n"
+)
+# The kernels by what their calls take: (name, inputs, outputs, empty declarations).
+KERNELS = {
+    (False, False): (
+        "turbo_decode_attention",
+        INPUTS,
+        ("out", "work"),
+        NO_RAW_TAIL + NO_RECENT,
+    ),
+    (True, False): (
+        "turbo_decode_step",
+        RAW_TAIL_INPUTS,
+        ("out", "work", "new_rows"),
+        NO_RECENT,
+    ),
+    (True, True): (
+        "turbo_decode_step_recent",
+        RECENT_INPUTS,
+        ("out", "work", "new_rows", "next_recent"),
+        "",
+    ),
+}
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
 # 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
@@ -135,16 +167,14 @@ def launch_bounds(warps):
 
 
 @lru_cache(maxsize=None)
-def _kernel(warps, raw_tail=False):
+def _kernel(warps, raw_tail=False, recent=False):
+    name, inputs, outputs, empty = KERNELS[raw_tail, recent]
     return cuda_kernel(
-        "turbo_decode_step" if raw_tail else "turbo_decode_attention",
-        RAW_TAIL_INPUTS if raw_tail else INPUTS,
-        ["out", "work", "new_rows"] if raw_tail else ["out", "work"],
+        name,
+        list(inputs),
+        list(outputs),
         source("decode_attention.cu"),
-        header=launch_bounds(warps)
-        + HEADER_CONSTANTS
-        + ("" if raw_tail else NO_RAW_TAIL)
-        + source("common.cuh"),
+        header=launch_bounds(warps) + HEADER_CONSTANTS + empty + source("common.cuh"),
     )
 
 
@@ -217,6 +247,7 @@ def _cuda_decode_attention(
     B, n_q_heads, L, D = shape
     *stored_keys, rows = kv.stored  # keys stored as they are (turbo0vN), then the rows
     n_tokens = rows.shape[2]
+    recent = kv.recent if raw_tail else None
     if mask is None or (isinstance(mask, str) and L == 1):
         mask_kind, mask_dtype = 0, mx.bool_
     else:
@@ -236,6 +267,7 @@ def _cuda_decode_attention(
         kv.window or 0,
         raw_tail,
         in_place,
+        None if recent is None else recent.shape,
     )
     inputs = [queries, *plan.inputs]  # the layer's constants and placeholders
     if stored_keys:
@@ -254,8 +286,10 @@ def _cuda_decode_attention(
     if sinks is not None:
         inputs[AT["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
     inputs[AT["previous"]] = layer.previous
+    if recent is not None:
+        inputs.append(recent)
     n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
-    outputs = _kernel(WARPS, raw_tail)(
+    outputs = _kernel(WARPS, raw_tail, recent is not None)(
         inputs=inputs, template=plan.template, **plan.launch(n_parts)
     )
     layer.previous = outputs[0]
@@ -283,6 +317,7 @@ class _Plan:
         window,
         raw_tail,
         in_place,
+        recent_shape,
     ):
         B, n_q_heads, L, D = shape
         H = codec.n_kv_heads
@@ -292,12 +327,15 @@ class _Plan:
         self.has_exact = tail or sink_tokens
         self.part_floats = query_rows * (D + 2)
         # the outputs: the attention's, each group's parts (query rows x D) and their
-        # (max, sum), and a raw tail's row
+        # (max, sum), a raw tail's row, and the recent rows one token on
         self.output_shapes = [shape, None]
         self.output_dtypes = [dtype, mx.float32]
         if raw_tail:
             self.output_shapes.append((B, H, 1, codec.row_words))
             self.output_dtypes.append(mx.uint32)
+        if recent_shape is not None:
+            self.output_shapes.append(recent_shape)
+            self.output_dtypes.append(dtype)
         self.launches = {}
         kscale = kmean = placeholder(mx.float32)
         if codec.key_scale is not None:
@@ -344,6 +382,7 @@ class _Plan:
                 raw_tail,
                 raw_tail and codec.key_mean is not None,
                 in_place,
+                recent_shape is not None,
             ),
         )
 

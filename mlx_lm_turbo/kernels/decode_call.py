@@ -57,12 +57,13 @@ def flags(
     raw_tail=0,
     kmean=0,
     in_place=0,
+    recent=0,
 ):
     """The FLAGS template value: the mask kind (0 none, 1 causal, 2 an array) in bits
     0-1, then whether the mask is bool, the keys have a calibration scale, an exact
     tail, sink tokens, attention-sink logits, the tail is raw, the keys have a mean,
-    the raw tail's row goes into its slot too (the kernel's MASK_KIND ...
-    ROW_IN_PLACE)."""
+    the raw tail's row goes into its slot too, recent rows lead the raw tail (the
+    kernel's MASK_KIND ... RECENT)."""
     return (
         mask_kind
         | mask_bool << 2
@@ -73,6 +74,7 @@ def flags(
         | raw_tail << 7
         | kmean << 8
         | in_place << 9
+        | recent << 10
     )
 
 
