@@ -319,12 +319,14 @@ def test_batch_rows_of_different_lengths(monkeypatch, scheme):
 @pytest.mark.parametrize("L", [1, 2, 8])
 def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
     # recent_exact: the exact tail is the 31 tokens before the step and the step,
-    # read exactly within a window of 32.
+    # read exactly within a window of 32 (a decode token, left to its launch to encode
+    # on MLX-CUDA, encoded first: test_decode_steps_with_a_window_... covers that launch).
     cache = filled_cache(
         TurboQuantKVCache("turbo4", recent_exact=32), 700, 2, 128, mx.float16, chunk=300
     )
     for step in range(2):
         q, view, mask = step_inputs(cache, L, 2, 4, 128, mx.float16, seed=30 + step)
+        cache.settle(view)
         assert view.window == 32 and view.new_keys.shape[2] == 31 + L
         check(monkeypatch, q, view, mask)
 
@@ -477,8 +479,8 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
         TurboQuantKVCache("turbo4", recent_exact=8), 40, 2, 64, mx.float16
     )
     q, view, mask = step_inputs(recent, 1, 2, 2, 64, mx.float16)
-    assert view.window == 8
-    assert fused_decode_attention(q, view, 0.125, mask) is not None
+    assert view.window == 8 and view.pending is recent  # encoded in its launch too
+    assert fused_decode_and_encode(q, view, 0.125, mask) is not None
     ring = filled_cache(
         TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
         60,

@@ -612,6 +612,38 @@ auto store_rows = [&](auto mma_tag, auto& acc) {
 // also writes its packed row.
 if constexpr (RAW_TAIL && KB > 0) {
   __shared__ uint32_t raw_words[KW + VW];
+  // RECENT: the head's first exact block writes the rows one token on. The recent rows
+  // shifted by one are one contiguous run, copied by its other warps while warp 0
+  // encodes (16 bytes a lane, four loads in flight before their stores: a copy load by
+  // load took some 40 us a layer); the raw token's row goes last, once encoded.
+  const bool writes_recent = RECENT && split == n_splits && rg == 0;
+  T* next_rows = static_cast<T*>(static_cast<void*>(next_recent)) +
+                 (int64_t(b) * n_kv_heads + h) * n_recent * 4 * D;
+  const T* head_recent = recent_rows + b * recent_strides[0] + h * recent_strides[1];
+  if (writes_recent && warp > 0) {
+    const T* from = head_recent + 4 * D;
+    const int n_values = (n_recent - 1) * 4 * D, copiers = THREADS - 32;
+    const int first = threadIdx.x - 32;
+    constexpr int VEC = 16 / sizeof(T), BATCH = 4;
+    if ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(next_rows)) % 16 == 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(from);
+      uint4* dst = reinterpret_cast<uint4*>(next_rows);
+      const int n_vecs = n_values / VEC;
+      for (int v0 = first; v0 < n_vecs; v0 += BATCH * copiers) {
+        uint4 held[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+          if (v0 + u * copiers < n_vecs) held[u] = src[v0 + u * copiers];
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+          if (v0 + u * copiers < n_vecs) dst[v0 + u * copiers] = held[u];
+        }
+      }
+    } else {
+      for (int i = first; i < n_values; i += copiers) next_rows[i] = from[i];
+    }
+  }
   if (split == n_splits && warp == 0) {
     float v[DPL], x[DPL];
 #pragma unroll
@@ -655,27 +687,14 @@ if constexpr (RAW_TAIL && KB > 0) {
     }
   }
   __syncthreads();
-  if constexpr (RECENT) {
-    if (split == n_splits && rg == 0) {
-      T* to = static_cast<T*>(static_cast<void*>(next_recent)) +
-              (int64_t(b) * n_kv_heads + h) * n_recent * 4 * D;
-      const T* from = recent_rows + b * recent_strides[0] + h * recent_strides[1];
-      const int64_t raw_k = b * tail_keys_strides[0] + h * tail_keys_strides[1];
-      const int64_t raw_v = b * tail_values_strides[0] + h * tail_values_strides[1];
-      for (int idx = threadIdx.x; idx < n_recent * 4 * D; idx += THREADS) {
-        const int j = idx / (4 * D), c = idx % (4 * D);
-        T x;
-        if (j + 1 < n_recent) {
-          x = from[(j + 1) * recent_strides[2] + c];
-        } else if (c < 2 * D) {
-          x = raw_tail[c];
-        } else if (c < 3 * D) {
-          x = tail_keys[raw_k + (c - 2 * D) * tail_keys_strides[3]];
-        } else {
-          x = tail_values[raw_v + (c - 3 * D) * tail_values_strides[3]];
-        }
-        to[idx] = x;
-      }
+  if (writes_recent) {
+    T* last = next_rows + int64_t(n_recent - 1) * 4 * D;
+    const int64_t raw_k = b * tail_keys_strides[0] + h * tail_keys_strides[1];
+    const int64_t raw_v = b * tail_values_strides[0] + h * tail_values_strides[1];
+    for (int c = threadIdx.x; c < 4 * D; c += THREADS) {
+      last[c] = c < 2 * D   ? raw_tail[c]
+                : c < 3 * D ? tail_keys[raw_k + (c - 2 * D) * tail_keys_strides[3]]
+                            : tail_values[raw_v + (c - 3 * D) * tail_values_strides[3]];
     }
   }
 }
