@@ -79,7 +79,8 @@ def attention_variants():
         R = min(G * L, 1024 // D)
         # a decode token's own encoding in the launch (one token, quantized keys)
         raw_tail = L == 1 and KB > 0 and mask != 2
-        recent = raw_tail and G == 1  # a window of recent rows before the raw token
+        # a window of recent rows before the raw token (with and without the row in place)
+        recent = raw_tail and mask == 0
         flag_bits = flags(
             mask,
             True,

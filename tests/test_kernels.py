@@ -22,6 +22,7 @@ from mlx_lm_turbo.cache.attention import (
     dense_prefill_support,
     turbo_scaled_dot_product_attention,
 )
+from mlx_lm_turbo.cache.view import recent_part
 from mlx_lm_turbo.kernels import (
     KERNEL_ENV,
     KernelUnavailableError,
@@ -691,7 +692,7 @@ def emulated_launch(calls):
             )
             D = kv.codec.key_dim
             exact_keys, exact_values = (
-                mx.concatenate([kv.recent[..., i * D : (i + 1) * D], a], axis=2)
+                mx.concatenate([recent_part(kv.recent, i, D), a], axis=2)
                 for i, a in enumerate((exact_keys, exact_values))
             )
         plain = TurboKV(
@@ -742,7 +743,7 @@ def launch_anywhere(monkeypatch):
 
 
 def states_equal(a, b):
-    for x, y in zip(a.state[1:], b.state[1:]):
+    for x, y in zip(a.state[1:], b.state[1:], strict=True):
         assert (x is None) == (y is None)
         if x is not None:
             assert mx.array_equal(x, y).item()
@@ -767,6 +768,7 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     deferred, plain = new(), new()
     for cache in (deferred, plain):
         filled_cache(cache, 40, 2, 64, mx.float32)
+    codecs = (deferred.codec, plain.codec)
     out = decode_steps(deferred, 5)
     assert len(launch_anywhere) == 5  # every step went to the launch
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
@@ -774,6 +776,9 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     for a, b in zip(out, reference):
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-6).item()
     states_equal(deferred, plain)
+    # the statistics were measured once, on the sink tokens: decode steps keep the codec
+    # (which a launch's layer and recent rows are tied to), "none" included
+    assert deferred.codec is codecs[0] and plain.codec is codecs[1]
     if recent_exact > 1:
         # the launch's view: the 7 tokens before its own, as rows of 4 x 64
         view, _ = launch_anywhere[-1]
@@ -859,6 +864,30 @@ def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
         states_equal(deferred, plain)
 
 
+def test_a_cache_joins_a_batch_with_its_waiting_token_encoded(
+    monkeypatch, launch_anywhere
+):
+    # mlx-lm's batch generator merges single caches into batch caches: a decode token
+    # left for its launch is encoded first, so the batch's rows and its recent copies
+    # hold it as a plain update's would.
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    def waiting(defers):
+        monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: defers)
+        cache = TurboQuantKVCache("turbo4", recent_exact=8)
+        filled_cache(cache, 40, 2, 64, mx.float32)
+        k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
+        view, _ = cache.update_and_fetch(k, v)
+        assert (view.pending is cache) == defers
+        return cache
+
+    deferred, plain = waiting(True), waiting(False)
+    joined, reference = (TurboQuantKVCache.merge([c]) for c in (deferred, plain))
+    for a, b in zip(joined.recent, reference.recent, strict=True):
+        assert mx.array_equal(a, b).item()
+    states_equal(joined, reference)
+
+
 @pytest.mark.parametrize("recent_exact", [1, 8])
 def test_a_launch_that_declines_leaves_the_token_to_the_cache(
     monkeypatch, launch_anywhere, recent_exact
@@ -870,9 +899,15 @@ def test_a_launch_that_declines_leaves_the_token_to_the_cache(
         cache = TurboQuantKVCache("turbo4", recent_exact=recent_exact)
         return filled_cache(cache, 40, 2, 64, mx.float32)
 
-    monkeypatch.setattr(attention, "fused_decode_and_encode", lambda *a, **k: None)
+    declined = []
+    monkeypatch.setattr(
+        attention,
+        "fused_decode_and_encode",
+        lambda queries, kv, *a, **k: declined.append(kv.pending) and None,
+    )
     deferred = new()
     out = decode_steps(deferred, 3)
+    assert declined == [deferred] * 3  # each step's token waited for its launch
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     plain = new()
     for a, b in zip(out, decode_steps(plain, 3)):
@@ -990,6 +1025,11 @@ def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(
     one, two = new(), new()
     out = decode_steps(one, 6, D=D, dtype=dtype)
     assert one._deferred is None and one._recent_rows is not None
+    # the rows the last launch handed back: its token's and the ones before it in the
+    # attention domain, as the codec makes them from their raw copies
+    rows = one._recent_rows[1]
+    for i, exact in enumerate(one.codec.exact(*one.recent)):
+        assert relative_error(recent_part(rows, i, D), exact) < 2e-3
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for a, b in zip(out, decode_steps(two, 6, D=D, dtype=dtype), strict=True):
         assert relative_error(a, b) < 2e-3

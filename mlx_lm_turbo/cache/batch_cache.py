@@ -161,6 +161,7 @@ class _BatchStatistics:
                     "Caches reading different numbers of recent tokens exactly "
                     "(recent_exact) cannot share a batch."
                 )
+            c.settle()  # a decode token waiting for its launch joins encoded
             c.compress_now()
         if os.environ.get(
             "MLX_LM_TURBO_LOG_BATCHES"

@@ -4,9 +4,11 @@
 replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
 update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
 ``TurboKV`` (the compressed history plus the exact keys and values of the chunk and
-of the ``recent_exact - 1`` tokens before it) that
-``attention.turbo_scaled_dot_product_attention`` consumes. So during a chunked
-prefill the cache never holds more than one chunk (and those recent tokens) in fp16.
+of the ``recent_exact - 1`` tokens before it; at a decode step the fused kernels serve,
+the token as the model gave it and those tokens as rows for the launch, see
+``TurboQuantKVCache``) that ``attention.turbo_scaled_dot_product_attention`` consumes.
+So during a chunked prefill the cache never holds more than one chunk (and those recent
+tokens) in fp16.
 
 Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
 its affine quantized attention and replace a cache that has the second.
@@ -26,7 +28,7 @@ from ..errors import CacheFormatError
 from ..kernels.decode_attention import raw_tail_support
 from ..kernels.encode import fused_encode
 from ..settings import DEFAULT_RECENT_EXACT
-from .view import TurboKV
+from .view import TurboKV, recent_part
 
 # The layout of a saved cache's state and the rules it was made under, written into its
 # metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
@@ -625,7 +627,7 @@ class TurboQuantKVCache(_TurboCache):
     def recent(self):
         if self._recent is None and self._recent_rows is not None:
             rows, D = self._recent_rows[1], self.codec.key_dim
-            self._recent = (rows[..., 2 * D : 3 * D], rows[..., 3 * D :])
+            self._recent = (recent_part(rows, 2, D), recent_part(rows, 3, D))
         return self._recent
 
     @recent.setter
@@ -724,9 +726,9 @@ class TurboQuantKVCache(_TurboCache):
             and isinstance(keys, mx.array)
             and keys.ndim == 4
             and keys.shape[2] == 1
-            and (self.recent_exact == 1 or self._window_full())
             and self._sink_count() == self.sink_tokens
             and raw_tail_support(self.codec)
+            and (self.recent_exact == 1 or self._window_full())
         )
 
     def _window_full(self):
@@ -821,7 +823,7 @@ class TurboQuantKVCache(_TurboCache):
             if view.recent is not None:  # the tokens before it, as its launch read them
                 D = self.codec.key_dim
                 exact_keys, exact_values = (
-                    mx.concatenate([view.recent[..., i * D : (i + 1) * D], a], axis=2)
+                    mx.concatenate([recent_part(view.recent, i, D), a], axis=2)
                     for i, a in enumerate((exact_keys, exact_values))
                 )
         else:

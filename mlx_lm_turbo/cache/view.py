@@ -1,6 +1,13 @@
 """``TurboKV``: what a turbo cache's ``update_and_fetch`` hands to attention."""
 
 
+def recent_part(rows, part, dim):
+    """Part ``part`` of recent tokens' rows (``TurboKV.recent``), ``dim`` wide: 0 the
+    keys, 1 the values in the attention domain, 2 the keys, 3 the values as the model
+    gave them (one head dim for keys and values: the cache hands rows only then)."""
+    return rows[..., part * dim : (part + 1) * dim]
+
+
 class TurboKV:
     """Keys and values as a turbo cache hands them to attention.
 

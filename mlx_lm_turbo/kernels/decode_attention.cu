@@ -620,12 +620,16 @@ if constexpr (RAW_TAIL && KB > 0) {
   T* next_rows = static_cast<T*>(static_cast<void*>(next_recent)) +
                  (int64_t(b) * n_kv_heads + h) * n_recent * 4 * D;
   const T* head_recent = recent_rows + b * recent_strides[0] + h * recent_strides[1];
+  static_assert(!RECENT || NW > 1, "the recent rows are copied by warps 1..NW-1");
   if (writes_recent && warp > 0) {
-    const T* from = head_recent + 4 * D;
+    const T* from = head_recent + recent_strides[2];
     const int n_values = (n_recent - 1) * 4 * D, copiers = THREADS - 32;
     const int first = threadIdx.x - 32;
     constexpr int VEC = 16 / sizeof(T), BATCH = 4;
-    if ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(next_rows)) % 16 == 0) {
+    // one contiguous run where the rows are packed (as both makers of them leave them)
+    const bool packed = recent_strides[3] == 1 && recent_strides[2] == 4 * D;
+    if (packed &&
+        (reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(next_rows)) % 16 == 0) {
       const uint4* src = reinterpret_cast<const uint4*>(from);
       uint4* dst = reinterpret_cast<uint4*>(next_rows);
       const int n_vecs = n_values / VEC;
@@ -641,7 +645,9 @@ if constexpr (RAW_TAIL && KB > 0) {
         }
       }
     } else {
-      for (int i = first; i < n_values; i += copiers) next_rows[i] = from[i];
+      for (int i = first; i < n_values; i += copiers) {
+        next_rows[i] = from[(i / (4 * D)) * recent_strides[2] + (i % (4 * D)) * recent_strides[3]];
+      }
     }
   }
   if (split == n_splits && warp == 0) {

@@ -8,11 +8,12 @@ queries of 1 to ``MAX_QUERIES`` tokens, without materialising dequantized K/V:
 ``decode_attention.cu``: one block per (slice of the cached tokens, KV head, group
 of query rows). It rotates the query rows once, reads each token's packed codes
 and fp16 norms, decodes them against the codebook in shared memory and keeps an
-online softmax per row; the exact tokens (sink tokens, the current chunk) form one
-more slice, read from their copies in the model's dtype. Each slice writes its
-unnormalised output rows and their (max, sum); the last slice of a group to finish
-merges them (log-sum-exp), adds a GPT-OSS attention-sink logit, rotates the rows
-back out of the value rotation and casts them.
+online softmax per row; the exact tokens (sink tokens, the current chunk and the
+recent tokens before it) form one more slice, read from their copies in the model's
+dtype (at decode the token itself as the model gave it, encoded in the launch). Each
+slice writes its unnormalised output rows and their (max, sum); the last slice of a
+group to finish merges them (log-sum-exp), adds a GPT-OSS attention-sink logit,
+rotates the rows back out of the value rotation and casts them.
 
 One kernel a layer: on MLX-CUDA each op of a chained decode step costs tens of
 microseconds, most of it on the host (benchmarks/results/decode_kernel_h200_*.md);
