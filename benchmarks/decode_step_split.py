@@ -44,8 +44,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.utils import load
 
-from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from mlx_lm_turbo.tools.bench import CacheKind, book_tokens
+from mlx_lm_turbo.settings import DEFAULT_BOUNDARY_SKIP
+from mlx_lm_turbo.tools.bench import add_recent_exact_argument, book_tokens, cache_kinds
 
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_attention import pipelined_seconds  # noqa: E402
@@ -94,15 +94,7 @@ def main():
     parser.add_argument("--caches", nargs="+", default=["fp16", "turbo4", "turbo2"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
-    parser.add_argument(
-        "--recent-exact",
-        type=int,
-        nargs="+",
-        default=[DEFAULT_RECENT_EXACT],
-        metavar="W",
-        help="run each turbo cache once per W (each query also reading the W - 1 "
-        "tokens before it exactly); rows 'turbo4 r32'",
-    )
+    add_recent_exact_argument(parser)
     parser.add_argument(
         "--profile", type=int, default=0, help="print the N costliest functions"
     )
@@ -129,12 +121,7 @@ def main():
         "|---|---:|---:|---:|---:|---|",
     ]
     print("\n".join(lines), flush=True)
-    kinds = []
-    for name in args.caches:
-        windows = (
-            args.recent_exact if name.startswith("turbo") else [DEFAULT_RECENT_EXACT]
-        )
-        kinds += [CacheKind(name, args.boundary_skip, w) for w in windows]
+    kinds = cache_kinds(args)
     runs = {kind.name: [] for kind in kinds}
     profilers = {
         kind.name: cProfile.Profile() if args.profile else None for kind in kinds

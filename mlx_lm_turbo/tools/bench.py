@@ -179,6 +179,19 @@ def _values_held(c, state_arrays):
     )
 
 
+def add_recent_exact_argument(parser):
+    """``--recent-exact W ...``, which ``cache_kinds`` reads."""
+    parser.add_argument(
+        "--recent-exact",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_RECENT_EXACT],
+        metavar="W",
+        help="run each turbo cache with each query also reading the W - 1 tokens "
+        f"before it exactly, once per W (default: {DEFAULT_RECENT_EXACT})",
+    )
+
+
 def cache_kinds(args):
     """The benchmark's rows: each turbo cache once per ``--recent-exact`` width."""
     kinds = []
@@ -618,15 +631,7 @@ def main(argv=None):
         help="0 to skip the peak-memory runs",
     )
     parser.add_argument("--boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP)
-    parser.add_argument(
-        "--recent-exact",
-        type=int,
-        nargs="+",
-        default=[DEFAULT_RECENT_EXACT],
-        metavar="W",
-        help="run each turbo cache with each query also reading the W - 1 tokens "
-        f"before it exactly, once per W (default: {DEFAULT_RECENT_EXACT})",
-    )
+    add_recent_exact_argument(parser)
     parser.add_argument(
         "--dtype",
         default="auto",
