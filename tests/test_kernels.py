@@ -707,6 +707,11 @@ def emulated_launch(calls):
     return launch
 
 
+def small_cache(scheme="turbo4", **options):
+    """A cache of 40 tokens, 2 heads of 64, float32 (``decode_steps``' defaults)."""
+    return filled_cache(TurboQuantKVCache(scheme, **options), 40, 2, 64, mx.float32)
+
+
 def decode_steps(cache, steps, H=2, G=2, D=64, seed=30, dtype=mx.float32):
     """A model's decode steps through mlx-lm's attention: the outputs."""
     from mlx_lm.models import base
@@ -760,14 +765,10 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     # the rows the cache hands it, and hands them back one token on.
     import mlx_lm_turbo.cache.cache as cache_module
 
-    def new():
-        return TurboQuantKVCache(
-            "turbo4", key_calibration=calibration, recent_exact=recent_exact
-        )
-
-    deferred, plain = new(), new()
-    for cache in (deferred, plain):
-        filled_cache(cache, 40, 2, 64, mx.float32)
+    deferred, plain = (
+        small_cache(key_calibration=calibration, recent_exact=recent_exact)
+        for _ in range(2)
+    )
     codecs = (deferred.codec, plain.codec)
     out = decode_steps(deferred, 5)
     assert len(launch_anywhere) == 5  # every step went to the launch
@@ -824,7 +825,7 @@ def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
     assert in_place(1, 60) == [True]  # 56, in new buffers
 
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
+    plain = small_cache()
     reference = []
     for steps, seed in ((3, 0), (1, 10)):
         reference += decode_steps(plain, steps, seed=seed)
@@ -843,17 +844,13 @@ def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
 ):
     import mlx_lm_turbo.cache.cache as cache_module
 
-    def new():
-        cache = TurboQuantKVCache("turbo3", recent_exact=recent_exact)
-        return filled_cache(cache, 40, 2, 64, mx.float32)
-
-    deferred = new()
+    deferred = small_cache("turbo3", recent_exact=recent_exact)
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
     view, _ = deferred.update_and_fetch(k, v)
     assert view.pending is deferred and deferred.offset == 41
     assert (view.recent is None) == (recent_exact == 1)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    plain = new()
+    plain = small_cache("turbo3", recent_exact=recent_exact)
     plain_view, _ = plain.update_and_fetch(k, v)
     states_equal(deferred, plain)  # no attention call: state encodes it
     assert view.pending is None and view.recent is None  # a plain view now
@@ -874,8 +871,7 @@ def test_a_cache_joins_a_batch_with_its_waiting_token_encoded(
 
     def waiting(defers):
         monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: defers)
-        cache = TurboQuantKVCache("turbo4", recent_exact=8)
-        filled_cache(cache, 40, 2, 64, mx.float32)
+        cache = small_cache(recent_exact=8)
         k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
         view, _ = cache.update_and_fetch(k, v)
         assert (view.pending is cache) == defers
@@ -895,21 +891,17 @@ def test_a_launch_that_declines_leaves_the_token_to_the_cache(
     import mlx_lm_turbo.cache.attention as attention
     import mlx_lm_turbo.cache.cache as cache_module
 
-    def new():
-        cache = TurboQuantKVCache("turbo4", recent_exact=recent_exact)
-        return filled_cache(cache, 40, 2, 64, mx.float32)
-
     declined = []
     monkeypatch.setattr(
         attention,
         "fused_decode_and_encode",
         lambda queries, kv, *a, **k: declined.append(kv.pending) and None,
     )
-    deferred = new()
+    deferred = small_cache(recent_exact=recent_exact)
     out = decode_steps(deferred, 3)
     assert declined == [deferred] * 3  # each step's token waited for its launch
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
-    plain = new()
+    plain = small_cache(recent_exact=recent_exact)
     for a, b in zip(out, decode_steps(plain, 3)):
         assert mx.array_equal(a, b).item()
     states_equal(deferred, plain)
@@ -921,9 +913,7 @@ def test_a_view_attended_twice_gives_the_same_output(
 ):
     from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 
-    cache = filled_cache(
-        TurboQuantKVCache("turbo4", recent_exact=recent_exact), 40, 2, 64, mx.float32
-    )
+    cache = small_cache(recent_exact=recent_exact)
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
     q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(3))
     view, _ = cache.update_and_fetch(k, v)
