@@ -67,12 +67,13 @@ constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, wor
 // of an odd word count); pairs of slots are tokens PAIR_DELTA apart.
 constexpr int VGW = GB % 32 == 0 ? GB / 32 : 0;
 constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
-// Key pairs: where a word holds whole pairs (KB = 2, 4), lane t of a token's four reads
-// KEY_LANE_WORDS words of its own and feeds every pair in them to the tensor cores (the
-// query's fragments follow the same order of dims); else PTX's order of dims.
-constexpr bool KEY_WORD_PAIRS = KEY_MMA && 32 % (2 * KBW) == 0;
-constexpr int KEY_PAIRS_PER_WORD = 32 / (2 * KBW);
-constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D / 8 / KEY_PAIRS_PER_WORD : 1;
+// Key pairs: where a quarter of a token's key codes is whole words (D * KB a multiple of
+// 128: every width at head dim 128 and 256, 3 bits included), lane t of a token's four
+// reads that quarter, KEY_LANE_WORDS words, and feeds every pair in it to the tensor
+// cores (a pair of 3-bit codes may straddle two of those words; the query's fragments
+// follow the same order of dims); else PTX's order of dims, each pair read on its own.
+constexpr bool KEY_WORD_PAIRS = KEY_MMA && (D * KBW) % 128 == 0;
+constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
 // buffers where they fit, so the next tile's copy runs while this one is read.
@@ -173,9 +174,7 @@ const int frag_group = lane >> 2, frag_t = lane & 3;
 // 2t + 8, 2t + 9 (half 1) of k step ks; A and B agree on it, so any order sums alike.
 auto key_pair = [](int ks, int half, int t) {
   if constexpr (KEY_WORD_PAIRS) {
-    const int j = 2 * ks + half;
-    return KEY_PAIRS_PER_WORD * (t * KEY_LANE_WORDS + j / KEY_PAIRS_PER_WORD) +
-           j % KEY_PAIRS_PER_WORD;
+    return t * (D / 8) + 2 * ks + half;  // lane t's quarter holds pairs t D / 8 ...
   } else {
     return ks * 8 + 4 * half + t;
   }
