@@ -479,6 +479,24 @@ def test_speculative_decoding_from_an_untrimmable_file_exits_2_saying_why(
     assert "was made with --turbo-recent-exact 8: its caches keep exact copies" in err
 
 
+def test_draft_model_decodes_speculatively_with_trimmable_caches_by_default(
+    tiny_model, monkeypatch, capsys
+):
+    # Speculative decoding trims its caches, which the default window forbids: with
+    # --draft-model and no --turbo-recent-exact each query reads only itself exactly.
+    model = tiny_model("llama")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        *("--model", model, "--draft-model", model, "--kv-scheme", "turbo4"),
+        *("--prompt", "hello there", "--max-tokens", 6),
+    )
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    assert "KV caches 6 x turbo4" in err and "tokens before it exactly" not in err
+    assert "Generation:" in out
+
+
 @pytest.mark.parametrize(
     "saved, flag, holds",
     [

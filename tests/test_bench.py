@@ -162,7 +162,7 @@ def test_all_in_bits_count_the_exact_tokens_a_cache_keeps(tiny_model):
             kind.bits_per_value(cache, 16),
             kind.bits_all_in(cache),
         )
-    assert rows[1][0] == "turbo4" and rows[9][0] == "turbo4 r9"
+    assert rows[1][0] == "turbo4 r1" and rows[9][0] == "turbo4 r9"  # W 16: "turbo4"
     assert rows[1][1] == rows[9][1] == pytest.approx(4.125)  # head_dim 128
     sinks = 16 * dtype_bits / 100  # 16 exact first tokens of 100
     key_mean = 128 * 32 / (100 * 256)  # one float32 per key channel (key centring)
@@ -183,12 +183,12 @@ def test_bench_runs_each_turbo_cache_per_recent_width_without_speed(
         *("--recent-exact", "1", "8", "--no-speed"),
     )
     rows = {r["cache"]: r for r in results["rows"]}
-    assert list(rows) == ["fp16", "affine4", "turbo2", "turbo2 r8"]
+    assert list(rows) == ["fp16", "affine4", "turbo2 r1", "turbo2 r8"]
     assert rows["fp16"]["bits_all_in"] == rows["fp16"]["bits_per_value"]
     assert rows["affine4"]["bits_all_in"] == 4.5
-    assert rows["turbo2 r8"]["bits_all_in"] > rows["turbo2"]["bits_all_in"]
+    assert rows["turbo2 r8"]["bits_all_in"] > rows["turbo2 r1"]["bits_all_in"]
     assert (
-        rows["turbo2 r8"]["kl"] != rows["turbo2"]["kl"]
+        rows["turbo2 r8"]["kl"] != rows["turbo2 r1"]["kl"]
     )  # the window reached the cache
     table = (out / "results.md").read_text()
     assert "| turbo2 r8 | 2.125 |" in table

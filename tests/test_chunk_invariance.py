@@ -72,15 +72,15 @@ def test_generate_is_the_same_for_every_prefill_step_size(tiny_model, arch):
 @pytest.mark.parametrize("shared", [10, 50])  # shorter and longer than the sink tokens
 def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, shared):
     # The server's prompt cache: a cache of another prompt, trimmed to the shared
-    # prefix (a deep copy), then the rest of this prompt.
+    # prefix (a deep copy), then the rest of this prompt (W 1: only such caches trim).
     model, _ = load(str(tiny_model("llama")))
     other = PROMPT[:shared] + [(11 * i + 1) % 250 + 5 for i in range(40)]
-    warm = make_prompt_cache(model, "turbo4", boundary_skip=0)
+    warm = make_prompt_cache(model, "turbo4", recent_exact=1)
     run(model, other, warm, 2048)
     reused = copy.deepcopy(warm)
     trim_prompt_cache(reused, reused[0].offset - shared)
     got = run(model, PROMPT[shared:], reused, 2048)
-    cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), 2048)
+    cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", recent_exact=1), 2048)
     assert got[0] == cold[0]
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 

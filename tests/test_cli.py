@@ -77,7 +77,9 @@ def test_mlx_lm_subcommand_form_and_env_default(tiny_model):
         env={"MLX_LM_TURBO_KV_SCHEME": "turbo3"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "KV caches 4 x turbo8, 2 x turbo3" in result.stderr
+    # the defaults: no boundary layers, a window of 16
+    assert "KV caches 6 x turbo3" in result.stderr
+    assert "each query also reads the 15 tokens before it exactly" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_eight_layers_over_two_ranks_protect_layers_0_1_6_7_only():
     boundary = {}
     for rank in range(2):
         model = build(QWEN2, pipeline=(rank, 2))
-        _, _, layers, _ = plan(model, "turbo4")
+        _, _, layers, _ = plan(model, "turbo4", boundary_skip=2)
         boundary.update({p.layer: p.scheme.name for p in layers})
     assert boundary == {
         0: "turbo8",
@@ -117,7 +117,7 @@ def test_eight_layers_over_two_ranks_protect_layers_0_1_6_7_only():
 
 def test_pipeline_caches_take_the_model_layer_as_rotation_seed():
     model = build(QWEN2, pipeline=(0, 2))  # rank 0 holds the last layers, 4-7
-    caches = make_prompt_cache(model, "turbo4")
+    caches = make_prompt_cache(model, "turbo4", boundary_skip=2)
     assert [c.layer for c in caches] == [4, 5, 6, 7]
     assert [c.scheme.name for c in caches] == ["turbo4", "turbo4", "turbo8", "turbo8"]
 

@@ -365,7 +365,8 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
     ratios = [float(r.split("|")[3].strip().rstrip("x")) for r in rows]
     # float32 baseline; both hold 256-token buffers here: turbo4 4.125/32 bits plus its
     # exact sink tokens (up to 16, held as given and in the attention domain: 32/256)
-    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.27
+    # and the default window's 15 recent tokens (held as given: 15/256)
+    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.33
 
 
 def exit_status(argv):

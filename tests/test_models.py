@@ -88,6 +88,10 @@ def test_sliding_window_layers_get_the_rotating_cache():
 def test_boundary_layers_count_attention_layers():
     model = tiny_llama(64, layers=6)
     schemes = [c.scheme.name for c in make_prompt_cache(model, "turbo3")]
+    assert schemes == ["turbo3"] * 6  # no boundary layers by default
+    schemes = [
+        c.scheme.name for c in make_prompt_cache(model, "turbo3", boundary_skip=2)
+    ]
     assert schemes == ["turbo8", "turbo8", "turbo3", "turbo3", "turbo8", "turbo8"]
     schemes = [
         c.scheme.name for c in make_prompt_cache(model, "turbo0v4", boundary_skip=1)

@@ -92,7 +92,7 @@ def test_example_plugin_override_takes_effect(example_plugin_site, tiny_model):
         "turbo3",
         env=with_path(example_plugin_site),
     )
-    assert "4 x turbo8, 2 x turbo3" in result.stderr
+    assert "KV caches 6 x turbo3" in result.stderr
 
 
 def test_broken_plugin_warns_by_name_and_mlx_lm_still_works(tmp_path, tiny_model):

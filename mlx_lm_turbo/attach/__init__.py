@@ -91,10 +91,17 @@ def _announce(model, caches, requested):
             "(--turbo-boundary-skip) or set by an override"
         )
     )
+    window = max((c.recent_exact for c in caches if hasattr(c, "codec")), default=1)
+    recent = (
+        f"; each query also reads the {window - 1} tokens before it exactly"
+        if window > 1
+        else ""
+    )
     print(
         f"[mlx-lm-turbo] {model_type_of(model)}: KV caches {summary}"
         + (f"; {kept} state caches kept as they are" if kept else "")
-        + unused,
+        + unused
+        + recent,
         file=sys.stderr,
     )
 

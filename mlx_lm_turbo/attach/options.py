@@ -44,7 +44,8 @@ def add_options(parser):
         metavar="W",
         help="each query reads itself and the W - 1 tokens before it exactly, besides "
         "the first tokens (exact copies of the last W - 1 tokens are kept; such caches "
-        f"cannot be trimmed, so not with --draft-model) (default: {settings.DEFAULT_RECENT_EXACT})",
+        "cannot be trimmed, so not above 1 with --draft-model) (default: "
+        f"{settings.DEFAULT_RECENT_EXACT}; {settings.SPECULATIVE_RECENT_EXACT} with --draft-model)",
     )
 
 
@@ -62,6 +63,14 @@ def requested_scheme(typed=None):
         return parse_scheme(text), source
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from None
+
+
+def default_recent_exact():
+    """The window of exact recent tokens when none is typed: speculative decoding trims
+    its caches, which a window does not allow."""
+    if settings.speculative:
+        return settings.SPECULATIVE_RECENT_EXACT
+    return settings.DEFAULT_RECENT_EXACT
 
 
 def apply_options(parser, args):
@@ -143,9 +152,7 @@ def apply_options(parser, args):
         if boundary_skip is None
         else boundary_skip,
         uncompressed_start=args.turbo_uncompressed_start or 0,
-        recent_exact=settings.DEFAULT_RECENT_EXACT
-        if recent_exact is None
-        else recent_exact,
+        recent_exact=recent_exact or default_recent_exact(),
         model_path=getattr(args, "model", None),
     )
 

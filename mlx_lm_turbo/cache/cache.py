@@ -27,7 +27,6 @@ from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
 from ..kernels.decode_attention import raw_tail_support
 from ..kernels.encode import fused_encode
-from ..settings import DEFAULT_RECENT_EXACT
 from .view import TurboKV, recent_part
 
 # The layout of a saved cache's state and the rules it was made under, written into its
@@ -199,7 +198,7 @@ class _TurboCache:
         layer=0,
         uncompressed_start=0,
         key_calibration=None,
-        recent_exact=DEFAULT_RECENT_EXACT,
+        recent_exact=1,
     ):
         self.scheme = parse_scheme(scheme)
         if self.scheme is None:
