@@ -335,9 +335,14 @@ def test_dequantize_names_the_types_it_reads():
         dequantize(3, (32,), np.zeros(20, np.uint8))
 
 
-def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
+# float32 baseline; both hold 256-token buffers here: turbo4 4.125/32 bits plus its
+# exact sink tokens (up to 16, held as given and in the attention domain: 32/256), and
+# with the default window its 15 recent tokens (held as given: 15/256)
+@pytest.mark.parametrize("window, bound", [([], 0.33), (["--recent-exact", "1"], 0.27)])
+def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys, window, bound):
     demo.main(
         [
+            *window,
             "--model",
             str(tiny_model_dir),
             "--schemes",
@@ -363,10 +368,8 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys):
         "turbo2",
     ]
     ratios = [float(r.split("|")[3].strip().rstrip("x")) for r in rows]
-    # float32 baseline; both hold 256-token buffers here: turbo4 4.125/32 bits plus its
-    # exact sink tokens (up to 16, held as given and in the attention domain: 32/256)
-    # and the default window's 15 recent tokens (held as given: 15/256)
-    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < 0.33
+    assert ratios[0] == 1.0 and ratios[2] < ratios[1] < bound
+    assert window or ratios[1] > 0.27  # the window's copies are counted
 
 
 def exit_status(argv):
@@ -397,6 +400,10 @@ def exit_status(argv):
         (
             ["--model", "/nonexistent", "--boundary-skip", "-2"],
             "--boundary-skip must be >= 0",
+        ),
+        (
+            ["--model", "/nonexistent", "--recent-exact", "0"],
+            "--recent-exact must be at least 1, got 0",
         ),
         (
             ["--model", "/nonexistent"],

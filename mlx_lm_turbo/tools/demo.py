@@ -13,7 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from . import compared_schemes, generate, leading_equal
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
@@ -57,6 +57,14 @@ def main(argv=None):
         help=f"first/last N attention layers kept at 8 bits (default: {DEFAULT_BOUNDARY_SKIP})",
     )
     parser.add_argument(
+        "--recent-exact",
+        type=int,
+        default=DEFAULT_RECENT_EXACT,
+        metavar="W",
+        help="each query also reads the W - 1 tokens before it exactly "
+        f"(--turbo-recent-exact; default: {DEFAULT_RECENT_EXACT})",
+    )
+    parser.add_argument(
         "--no-chat-template", action="store_true", help="use the prompt as is"
     )
     args = parser.parse_args(argv)
@@ -65,6 +73,8 @@ def main(argv=None):
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     if args.boundary_skip < 0:
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
+    if args.recent_exact < 1:
+        parser.error(f"--recent-exact must be at least 1, got {args.recent_exact}.")
 
     from .gguf import resolve_model
 
@@ -89,7 +99,11 @@ def main(argv=None):
     )
     for scheme in schemes:
         cache = make_prompt_cache(
-            model, scheme, boundary_skip=args.boundary_skip, model_path=args.model
+            model,
+            scheme,
+            boundary_skip=args.boundary_skip,
+            recent_exact=args.recent_exact,
+            model_path=args.model,
         )
         runs.append(
             (scheme.name, _run(model, tokenizer, prompt, cache, args.max_tokens))
