@@ -19,18 +19,41 @@ DEFAULT_BOUNDARY_SKIP = 0
 # read only the query itself exactly unless told otherwise.
 DEFAULT_RECENT_EXACT = 16
 SPECULATIVE_RECENT_EXACT = 1
+# Without the window the boundary layers pay: turbo4 at W 1 had 0.21x / 0.34x / 0.35x of
+# affine 4-bit's KL with them (SmolLM2 4K, Gemma 3 4K / 16K), 0.25x / 0.32x / 0.52x
+# without (default_window_h200_ada1b0a.md, default_window_512steps_h200_4e96924.md).
+SPECULATIVE_BOUNDARY_SKIP = 2
 
 
 @dataclass(frozen=True)
 class Settings:
     scheme: "KVScheme"  # noqa: F821 (mlx_lm_turbo.codec.schemes, not imported at start-up)
-    boundary_skip: int = DEFAULT_BOUNDARY_SKIP
+    boundary_skip: Optional[int] = None  # None: not typed (cache_options decides)
     uncompressed_start: int = 0
-    recent_exact: int = DEFAULT_RECENT_EXACT
+    recent_exact: Optional[int] = None  # None: not typed
     model_path: Optional[str] = None
+
+    def cache_options(self) -> dict:
+        """``boundary_skip`` and ``recent_exact`` for caches made now: as typed, else the
+        defaults, which differ while the process decodes speculatively (``speculative``:
+        set for a command's --draft-model and whenever the server loads a draft model)."""
+        boundary_skip, recent_exact = (
+            (SPECULATIVE_BOUNDARY_SKIP, SPECULATIVE_RECENT_EXACT)
+            if speculative
+            else (DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT)
+        )
+        return {
+            "boundary_skip": (
+                boundary_skip if self.boundary_skip is None else self.boundary_skip
+            ),
+            "recent_exact": recent_exact
+            if self.recent_exact is None
+            else self.recent_exact,
+        }
 
 
 active: Optional[Settings] = None
-# Whether the current command decodes speculatively (--draft-model), so trims its caches:
-# a loaded prompt cache that cannot be trimmed is then refused (attach/files.py).
+# Whether the current command decodes speculatively (--draft-model, or a draft model the
+# server loaded for a request), so trims its caches: a loaded prompt cache that cannot be
+# trimmed is then refused (attach/files.py), and caches are made without a window.
 speculative: bool = False

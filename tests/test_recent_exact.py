@@ -26,10 +26,12 @@ from test_chunk_invariance import (
     window_kv,
 )
 
+import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import (
     TurboQuantKVCache,
     TurboQuantRotatingKVCache,
     make_prompt_cache,
+    parse_scheme,
 )
 from mlx_lm_turbo.cache.attention import _dequantize, turbo_scaled_dot_product_attention
 from mlx_lm_turbo.cache.cache import register_cache_classes
@@ -221,6 +223,44 @@ def test_the_servers_prompt_cache_reuses_a_prefix_without_trimming(tiny_model):
     cold = run(model, PROMPT, cache(), 2048)
     assert got[0] == cold[0]
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
+
+
+def test_caches_made_while_decoding_speculatively_take_no_window(monkeypatch):
+    # What a command's caches get where nothing is typed: the defaults, or, while a
+    # draft model decodes (--draft-model, or one the server loaded), no window and
+    # the boundary layers that pay without one; what is typed stays.
+    default = settings.Settings(parse_scheme("turbo4"))
+    typed = settings.Settings(parse_scheme("turbo4"), boundary_skip=1, recent_exact=8)
+    monkeypatch.setattr(settings, "speculative", False)
+    assert default.cache_options() == {
+        "boundary_skip": settings.DEFAULT_BOUNDARY_SKIP,
+        "recent_exact": settings.DEFAULT_RECENT_EXACT,
+    }
+    monkeypatch.setattr(settings, "speculative", True)
+    assert default.cache_options() == {"boundary_skip": 2, "recent_exact": 1}
+    assert typed.cache_options() == {"boundary_skip": 1, "recent_exact": 8}
+
+
+def test_the_server_notes_when_a_draft_model_is_loaded(monkeypatch):
+    import mlx_lm.server
+
+    from mlx_lm_turbo.attach import load_noting_draft_model
+
+    assert mlx_lm.server.ModelProvider.load.__wrapped__  # attached at import
+
+    class Provider:
+        draft_model = None
+
+        def load(self, model, adapter=None, draft=None):
+            self.draft_model = draft
+
+    load = load_noting_draft_model(Provider.load)
+    provider = Provider()
+    monkeypatch.setattr(settings, "speculative", False)
+    load(provider, "model", None, "draft")
+    assert settings.speculative
+    load(provider, "model")
+    assert not settings.speculative
 
 
 def test_speculative_decoding_is_refused_by_mlx_lm(tiny_model):

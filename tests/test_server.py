@@ -197,8 +197,26 @@ def test_streaming_and_completions_endpoints(tiny_model):
     assert completion["choices"][0]["text"]
 
 
+def test_a_request_naming_a_draft_model_decodes_speculatively(tiny_model):
+    # Speculative decoding trims its caches, which the default window forbids: caches
+    # made while the request's draft model is loaded read only the query itself exactly
+    # (mlx-lm would refuse a window's caches: "requires a trimmable prompt cache").
+    model = str(tiny_model("llama"))
+    server = Server(model, "--kv-scheme", "turbo4")
+    try:
+        drafted = server.ask(
+            "/v1/chat/completions", {**chat("hello there"), "draft_model": model}
+        )
+        plain = server.ask("/v1/chat/completions", chat("hello there"))
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log and "trimmable" not in log, log[-2000:]
+    assert text_of(drafted) and text_of(plain)
+
+
 def test_prompt_cache_reuse_matches_a_cold_server(tiny_model):
-    """Multi-turn (a prefix hit) and an edited last turn (the cached prefix is trimmed).
+    """Multi-turn (a prefix hit) and an edited last turn (a cached prefix the server
+    continues untrimmed: the default window's caches cannot be trimmed).
 
     Warm and cold need not agree bit for bit by design: a cold prompt attends exactly to
     itself within its prefill chunk, a warm one to the compressed cached prefix; here

@@ -49,11 +49,10 @@ def make_prompt_cache_with_plugin(original):
         caches = turbo_make_prompt_cache(
             model,
             active.scheme,
-            boundary_skip=active.boundary_skip,
             max_kv_size=max_kv_size,
             uncompressed_start=active.uncompressed_start,
-            recent_exact=active.recent_exact,
             model_path=active.model_path,
+            **active.cache_options(),
         )
         _announce(model, caches, active.scheme)
         return caches
@@ -161,6 +160,19 @@ def run_with_checks(original):
     return run
 
 
+def load_noting_draft_model(original):
+    """The server loads a draft model for a request that names one (or for its
+    --draft-model): caches made while it is loaded are made to be trimmed."""
+
+    @functools.wraps(original)
+    def load(self, *args, **kwargs):
+        loaded = original(self, *args, **kwargs)
+        settings.speculative = self.draft_model is not None
+        return loaded
+
+    return load
+
+
 def attach(module):
     if not compat.supported():
         from .options import ENV_SCHEME
@@ -183,6 +195,7 @@ def attach(module):
         module.main = main_with_plugin(module.main)
     if name == "mlx_lm.server":
         module.run = run_with_checks(module.run)
+        module.ModelProvider.load = load_noting_draft_model(module.ModelProvider.load)
     if name == "mlx_lm.perplexity":
         from .perplexity import eval_ppl_with_plugin
 

@@ -30,7 +30,8 @@ def add_options(parser):
         "--turbo-boundary-skip",
         type=int,
         metavar="N",
-        help=f"keep the first and last N attention layers at 8 bits (default: {settings.DEFAULT_BOUNDARY_SKIP})",
+        help="keep the first and last N attention layers at 8 bits (default: "
+        f"{settings.DEFAULT_BOUNDARY_SKIP}; {settings.SPECULATIVE_BOUNDARY_SKIP} with a draft model)",
     )
     group.add_argument(
         "--turbo-uncompressed-start",
@@ -45,7 +46,7 @@ def add_options(parser):
         help="each query reads itself and the W - 1 tokens before it exactly, besides "
         "the first tokens (exact copies of the last W - 1 tokens are kept; such caches "
         "cannot be trimmed, so not above 1 with --draft-model) (default: "
-        f"{settings.DEFAULT_RECENT_EXACT}; {settings.SPECULATIVE_RECENT_EXACT} with --draft-model)",
+        f"{settings.DEFAULT_RECENT_EXACT}; {settings.SPECULATIVE_RECENT_EXACT} with a draft model)",
     )
 
 
@@ -63,14 +64,6 @@ def requested_scheme(typed=None):
         return parse_scheme(text), source
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from None
-
-
-def default_recent_exact():
-    """The window of exact recent tokens when none is typed: speculative decoding trims
-    its caches, which a window does not allow."""
-    if settings.speculative:
-        return settings.SPECULATIVE_RECENT_EXACT
-    return settings.DEFAULT_RECENT_EXACT
 
 
 def apply_options(parser, args):
@@ -145,14 +138,11 @@ def apply_options(parser, args):
             "so its caches cannot be trimmed, and speculative decoding (--draft-model) "
             "trims them: use --turbo-recent-exact 1 with --draft-model."
         )
-    boundary_skip = args.turbo_boundary_skip
     settings.active = settings.Settings(
         scheme=scheme,
-        boundary_skip=settings.DEFAULT_BOUNDARY_SKIP
-        if boundary_skip is None
-        else boundary_skip,
+        boundary_skip=args.turbo_boundary_skip,
         uncompressed_start=args.turbo_uncompressed_start or 0,
-        recent_exact=recent_exact or default_recent_exact(),
+        recent_exact=recent_exact,
         model_path=getattr(args, "model", None),
     )
 

@@ -28,10 +28,9 @@ class _ThroughCompressedCache:
         cache = make_prompt_cache(
             self.model,
             self.active.scheme,
-            boundary_skip=self.active.boundary_skip,
             uncompressed_start=self.active.uncompressed_start,
-            recent_exact=self.active.recent_exact,
             model_path=self.active.model_path,
+            **self.active.cache_options(),
         )
         logits = [
             self.model(inputs[:, s : s + CHUNK], cache=cache)

@@ -46,7 +46,7 @@ def check_model(model, active):
     _, _, layers, _ = plan(
         model,
         active.scheme,
-        boundary_skip=active.boundary_skip,
+        boundary_skip=active.cache_options()["boundary_skip"],
         model_path=active.model_path,
     )
     dims = head_dims(model)
