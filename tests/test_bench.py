@@ -192,6 +192,9 @@ def test_bench_runs_each_turbo_cache_per_recent_width_without_speed(
     )  # the window reached the cache
     table = (out / "results.md").read_text()
     assert "| turbo2 r8 | 2.125 |" in table
+    # each turbo row records its window, and the table says what a row without r reads
+    assert [r.get("recent_exact") for r in rows.values()] == [None, None, 1, 8]
+    assert "a turbo row without r: 15 (the default)" in table
     # --no-speed: no warm-up runs, so no speed ratios claimed
     assert all("decode_speed_vs_fp16" not in r for r in rows.values())
     assert table.count("| - | - |") == len(rows)

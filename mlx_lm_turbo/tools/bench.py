@@ -335,6 +335,8 @@ def run(args, checkpoint=lambda results: None):
                 "bits_per_value": kind.bits_per_value(cache, 8 * dtype.size),
                 "bits_all_in": kind.bits_all_in(cache),
             }
+            if kind.scheme is not None:
+                row["recent_exact"] = kind.recent_exact
             if args.speed:
                 row["prefill_speed_vs_fp16"] = (
                     ref_timings["prefill_seconds"] / timings["prefill_seconds"]
@@ -405,6 +407,12 @@ def _fmt_speed(row, phase):
 
 
 def markdown(results):
+    # results from before the rows recorded their window (--from-json) had W 1 unnamed
+    default_window = (
+        f"; a turbo row without r: {DEFAULT_RECENT_EXACT - 1} (the default)"
+        if any("recent_exact" in r for r in results["rows"])
+        else ""
+    )
     lines = [
         f"Model `{results['model']}` on {results['device']}, {results['dtype']} keys and values uncompressed; "
         f"{results['decode_steps']} teacher-forced decode steps after each context; "
@@ -412,7 +420,7 @@ def markdown(results):
         "and norms; all in: every array the cache holds after the longest context "
         "and its decode steps, per value held (exact sink and recent tokens "
         "included). A row `turbo3 r32`: each query also reads the 31 tokens before "
-        "it exactly (--recent-exact).",
+        f"it exactly (--recent-exact){default_window}.",
         "",
     ]
     contexts = sorted({r["context"] for r in results["rows"]})
