@@ -167,7 +167,8 @@ def main():
 
     def run(name, scheme, plan_text, **options):
         t0 = time.time()
-        cache = make_prompt_cache(model, scheme, **options)
+        # W 1: the plans' bits count no window (tools/allocate.py)
+        cache = make_prompt_cache(model, scheme, recent_exact=1, **options)
         logprobs = teacher_forced_logprobs(model, tokens, cache, args.prefill)
         record(name, plan_text, stored_bits(cache), logprobs, t0)
 

@@ -24,6 +24,9 @@ KEY_WIDTHS = (2, 3, 4, 8)
 VALUE_WIDTHS = (2, 3, 4, 8)
 NORM_BITS = 16  # one fp16 norm per stored vector
 ATTENTION = "scaled_dot_product_attention"  # where models attend (mlx_lm.models.base)
+# Each layer's own compression error is what the plan weighs: no window of exact recent
+# tokens hides part of it (and all_in_bits counts none).
+WINDOW = 1
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,11 @@ def _attention_error(model, index, scheme, captured, first):
 
     queries, keys, values, scale, mask, exact = captured
     cache = make_prompt_cache(
-        model, scheme, boundary_skip=0, layer_schemes={index: scheme}
+        model,
+        scheme,
+        boundary_skip=0,
+        recent_exact=WINDOW,
+        layer_schemes={index: scheme},
     )
     kv, _ = cache[index].update_and_fetch(keys, values)
     output = base.scaled_dot_product_attention(
@@ -224,7 +231,9 @@ def layer_sensitivities(
     captured = _capture_attention(model, tokens, cache)
     entries = [
         i
-        for i, c in enumerate(make_prompt_cache(model, "turbo4", boundary_skip=0))
+        for i, c in enumerate(
+            make_prompt_cache(model, "turbo4", boundary_skip=0, recent_exact=WINDOW)
+        )
         if hasattr(c, "scheme")
     ]
     short = tokens[:probe_tokens]
@@ -233,7 +242,7 @@ def layer_sensitivities(
     result = {}
     for i in entries:
         probed = make_prompt_cache(
-            model, probe, boundary_skip=0, layer_schemes={i: probe}
+            model, probe, boundary_skip=0, recent_exact=WINDOW, layer_schemes={i: probe}
         )
         cache = mlx_make_prompt_cache(model)
         cache[i] = probed[i]
@@ -267,7 +276,7 @@ def layer_shapes(model, context: int):
     """The LayerShape of every compressed entry when the cache holds ``context`` tokens."""
     from ..plugin.prompt_cache import make_prompt_cache
 
-    cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
+    cache = make_prompt_cache(model, "turbo4", boundary_skip=0, recent_exact=WINDOW)
     model(mx.array([[1]]), cache=cache)
     shapes = []
     for i, c in enumerate(cache):
