@@ -533,6 +533,27 @@ def test_kv_scheme_with_a_saved_cache_says_what_the_file_holds(
         assert "does not change it" not in err
 
 
+@pytest.mark.parametrize(
+    "saved, typed, noted", [("recent", 4, True), ("recent", 8, False)]
+)
+def test_a_typed_window_with_a_saved_cache_says_the_file_keeps_its_own(
+    saved, typed, noted, saved_caches, monkeypatch, capsys
+):
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        *("--prompt-cache-file", saved_caches[saved], "--prompt", "and"),
+        *("--max-tokens", 2, "--kv-scheme", "turbo4", "--turbo-recent-exact", typed),
+    )
+    err = capsys.readouterr().err
+    assert status == 0, err
+    note = (
+        f"{saved_caches[saved]} was made with --turbo-recent-exact 8: a loaded prompt "
+        f"cache keeps its window, so --turbo-recent-exact {typed} does not change it."
+    )
+    assert (note in err) == noted, err
+
+
 # -- scheme names and settings ------------------------------------------------------
 
 

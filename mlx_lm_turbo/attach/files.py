@@ -446,4 +446,12 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
         )
     if settings.active is not None:
         note_scheme_mismatch(file_name, caches, settings.active.scheme)
+        typed = settings.active.recent_exact
+        if typed not in (None, recent) and any(hasattr(c, "codec") for c in caches):
+            print(
+                f"[mlx-lm-turbo] {file_name} was made with --turbo-recent-exact {recent}: "
+                f"a loaded prompt cache keeps its window, so --turbo-recent-exact {typed} "
+                "does not change it.",
+                file=sys.stderr,
+            )
     return loaded
