@@ -39,7 +39,7 @@ import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels import KERNEL_ENV
-from mlx_lm_turbo.settings import DEFAULT_RECENT_EXACT
+from mlx_lm_turbo.tools.bench import add_recent_exact_argument
 
 
 def filled_caches(make, layers, context, kv_heads, head_dim):
@@ -276,13 +276,7 @@ def main():
         action="store_true",
         help="also profile the host side of each cache's steps at the last context",
     )
-    parser.add_argument(
-        "--recent-exact",
-        type=int,
-        nargs="+",
-        default=[DEFAULT_RECENT_EXACT],
-        help="recent_exact windows to run each scheme with",
-    )
+    add_recent_exact_argument(parser)
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     prefill_settings = [prefill_blocks(parser, spec) for spec in args.prefill_blocks]

@@ -36,10 +36,10 @@ from mlx_lm_turbo import (
 )
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
 from mlx_lm_turbo.codec.schemes import parse_scheme
-from mlx_lm_turbo.settings import DEFAULT_RECENT_EXACT
 from mlx_lm_turbo.tools.allocate import all_in_bits as allocated_bits
 from mlx_lm_turbo.tools.allocate import layer_shapes
 from mlx_lm_turbo.tools.bench import BOOK as TEXT
+from mlx_lm_turbo.tools.bench import add_recent_exact_argument
 from mlx_lm_turbo.tools.gguf import demo_model_path
 from mlx_lm_turbo.tools.quality import (
     affine_after_prefill,
@@ -127,13 +127,7 @@ def main():
     parser.add_argument(
         "--sink-tokens", type=int, nargs="+", default=[TurboQuantKVCache.sink_tokens]
     )
-    parser.add_argument(
-        "--recent-exact",
-        type=int,
-        nargs="+",
-        default=[DEFAULT_RECENT_EXACT],
-        help="keys each query reads exactly, itself included (see above)",
-    )
+    add_recent_exact_argument(parser)
     parser.add_argument("--json", default=None, help="write the results here too")
     parser.add_argument(
         "--table-from", default=None, help="print the table of a saved --json and stop"

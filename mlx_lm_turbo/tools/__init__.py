@@ -1,6 +1,30 @@
 """The ``mlx-lm-turbo`` command's tools: demo, bench, questions, doctor, the GGUF converter."""
 
+import argparse
+
 from ..codec.schemes import parse_scheme
+from ..settings import DEFAULT_RECENT_EXACT
+
+
+class _Window(argparse.Action):
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value < 1:
+            parser.error(f"--recent-exact must be at least 1, got {value}.")
+        setattr(namespace, self.dest, value)
+
+
+def add_recent_exact_option(group):
+    """``--recent-exact W`` for the caches a tool builds, as the commands'
+    ``--turbo-recent-exact``; below 1 is a usage error."""
+    group.add_argument(
+        "--recent-exact",
+        type=int,
+        default=DEFAULT_RECENT_EXACT,
+        metavar="W",
+        action=_Window,
+        help="each query also reads the W - 1 tokens before it exactly "
+        f"(--turbo-recent-exact; default: {DEFAULT_RECENT_EXACT})",
+    )
 
 
 def compared_schemes(parser, names, baseline):

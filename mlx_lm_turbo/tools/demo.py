@@ -13,8 +13,8 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from . import compared_schemes, generate, leading_equal
+from ..settings import DEFAULT_BOUNDARY_SKIP
+from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
@@ -56,14 +56,7 @@ def main(argv=None):
         default=DEFAULT_BOUNDARY_SKIP,
         help=f"first/last N attention layers kept at 8 bits (default: {DEFAULT_BOUNDARY_SKIP})",
     )
-    parser.add_argument(
-        "--recent-exact",
-        type=int,
-        default=DEFAULT_RECENT_EXACT,
-        metavar="W",
-        help="each query also reads the W - 1 tokens before it exactly "
-        f"(--turbo-recent-exact; default: {DEFAULT_RECENT_EXACT})",
-    )
+    add_recent_exact_option(parser)
     parser.add_argument(
         "--no-chat-template", action="store_true", help="use the prompt as is"
     )
@@ -73,8 +66,6 @@ def main(argv=None):
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     if args.boundary_skip < 0:
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
-    if args.recent_exact < 1:
-        parser.error(f"--recent-exact must be at least 1, got {args.recent_exact}.")
 
     from .gguf import resolve_model
 

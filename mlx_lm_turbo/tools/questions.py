@@ -25,8 +25,8 @@ from ..attach.preflight import load_model
 from ..codec.codec import KEY_CALIBRATIONS
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from . import compared_schemes, generate, leading_equal
+from ..settings import DEFAULT_BOUNDARY_SKIP
+from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"
 DEFAULT_SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo8")
@@ -409,14 +409,7 @@ def main(argv=None):
         type=int,
         help="first tokens kept exact in each turbo cache (default: the cache's own)",
     )
-    measure.add_argument(
-        "--recent-exact",
-        type=int,
-        default=DEFAULT_RECENT_EXACT,
-        metavar="W",
-        help="each query also reads the W - 1 tokens before it exactly "
-        f"(--turbo-recent-exact; default: {DEFAULT_RECENT_EXACT})",
-    )
+    add_recent_exact_option(measure)
     measure.add_argument(
         "--key-calibration",
         choices=KEY_CALIBRATIONS,
@@ -452,8 +445,6 @@ def main(argv=None):
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
     if args.explain_group < 1:
         parser.error(f"--explain-group must be at least 1, got {args.explain_group}.")
-    if args.recent_exact < 1:
-        parser.error(f"--recent-exact must be at least 1, got {args.recent_exact}.")
     if args.sink_tokens is not None and args.sink_tokens < 0:
         parser.error(f"--sink-tokens must be >= 0, got {args.sink_tokens}.")
     questions = load_questions(args.questions)
