@@ -107,22 +107,23 @@ def main():
         return
     written = {n: (_SOURCES / n).read_text() for n in sizes}
     decode_attention._kernel.cache_clear()
+    decode_attention._LAYERS.clear()  # their plans hold the kernels they built
     decode_attention.source = written.__getitem__
     mx.eval(fused())  # compiled once
     chars = sum(map(len, written.values()))
     per_call(f"fused decode attention, source as written ({chars} chars)", fused)
 
     calls = []
-    kernel = decode_attention._kernel(decode_attention.WARPS)
-    decode_attention._kernel = lambda warps, raw_tail=False, recent=False: (
-        lambda **kw: calls.append(kw) or kernel(**kw)
-    )
+    (plan,) = decode_attention._LAYERS[view.codec].plans.values()
+    kernel = plan.kernel
+    plan.kernel = lambda **kw: calls.append(kw) or kernel(**kw)
     fused()
+    plan.kernel = kernel
     (arguments,) = calls
     per_call("its mx.fast.cuda_kernel call alone", lambda: kernel(**arguments))
     empty = mx.fast.cuda_kernel(
         name="empty",
-        input_names=list(decode_attention.INPUTS),
+        input_names=list(plan.at),
         output_names=["out", "work"],
         source="",
         ensure_row_contiguous=False,

@@ -314,7 +314,9 @@ def main():
         else variants[:: args.every]
     )
     for dtype, kind, template in chosen:
-        _, names, outputs, empty = decode_attention.KERNELS[kind]
+        _, outputs, no_outputs = decode_attention.KERNELS[kind]
+        values = dict(template)
+        names = decode_attention.call_inputs(values["CODE"] & 15, values["CODE"] >> 13)
         types = {
             "q": dtype,
             "keys": dtype,
@@ -336,7 +338,8 @@ def main():
                 attention_body,
                 decode_attention.launch_bounds(4)
                 + decode_attention.HEADER_CONSTANTS
-                + empty
+                + no_outputs
+                + decode_attention.absent_inputs(names, dtype, "bool")
                 + header,
                 [(n, types.get(n, "float32")) for n in names],
                 [(n, output_types.get(n, "float32")) for n in outputs],

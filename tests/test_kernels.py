@@ -126,8 +126,9 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     def build_all():
         for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
             cached.cache_clear()
-        decode_attention._kernel(4)
-        decode_attention._kernel(4, raw_tail=True)
+        inputs = decode_attention.call_inputs(4, 0)
+        decode_attention._kernel(4, False, False, inputs, "float16", "bool")
+        decode_attention._kernel(4, True, False, inputs, "float16", "bool")
         encode._kernel()
         built = names[-3:]
         assert len(set(built)) == 3
@@ -527,8 +528,11 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     calls = []
     kernel = recording_kernel(calls)
 
+    made = []
     monkeypatch.setattr(
-        decode_attention, "_kernel", lambda warps, raw_tail=False, recent=False: kernel
+        decode_attention,
+        "_kernel",
+        lambda warps, raw_tail, recent, names, *types: made.append(names) or kernel,
     )
     monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
@@ -543,6 +547,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
         for step, (L, sinks) in enumerate([(1, None), (1, mx.ones((4,))), (2, None)]):
             monkeypatch.setenv(KERNEL_ENV, "off")
             q, view, mask = step_inputs(cache, L, 2, 2, 64, mx.float16, seed=step)
+            cache.settle()  # a decode token encoded as a plain update (as off's is)
             monkeypatch.setenv(KERNEL_ENV, "on")
             # with the plans of the calls before (other configurations), then afresh
             fused_decode_attention(q, view, 0.125, mask, sinks)
@@ -557,7 +562,8 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
             for k in first:
                 if k != "inputs":
                     assert first[k] == again[k], k
-            names = decode_attention.INPUTS
+            names = made[-1]  # the inputs the call passes, in their order
+            assert len(first["inputs"]) == len(again["inputs"]) == len(names)
             for name, a, b in zip(names, first["inputs"], again["inputs"]):
                 if name == "previous":  # the layer's last output
                     continue
@@ -569,7 +575,14 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
             assert bool(flag_bits & 64) == (sinks is not None)
-            at = decode_attention.AT
+            # only what the call reads: stored keys, sink tokens, a mask, sink logits
+            assert ("keys" in names) == (view.codec.scheme.key_bits == 0)
+            assert ("sink_keys" in names) == (view.sinks is not None)
+            assert ("sink_logits" in names) == (sinks is not None)
+            assert ("kscale" in names) == (view.codec.key_scale is not None)
+            assert ("mask" in names) == isinstance(mask, mx.array)
+            assert "recent" not in names and "kmean" not in names  # no raw tail
+            at = {name: i for i, name in enumerate(names)}
             assert again["inputs"][at["q"]] is q
             assert again["inputs"][at["rows"]] is view.stored[-1]
             if view.new_keys is not None:
@@ -593,7 +606,9 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail=False, recent=False: made.append(raw_tail) or kernel,
+        lambda warps, raw_tail, recent, names, *types: (
+            made.append((raw_tail, names)) or kernel
+        ),
     )
     monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
     cache = filled_cache(
@@ -611,9 +626,10 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
     assert recent_rows is None  # no window
     (arguments,) = calls
-    assert made == [True]
-    inputs, at = arguments["inputs"], decode_attention.AT
-    assert len(inputs) == len(decode_attention.RAW_TAIL_INPUTS)
+    ((raw_tail, names),) = made
+    assert raw_tail and "kmean" in names and "recent" not in names
+    inputs, at = arguments["inputs"], {name: i for i, name in enumerate(names)}
+    assert len(inputs) == len(names)
     assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
     assert inputs[at["tail_values"]] is view.new_values
     for name, statistic in (
@@ -640,8 +656,8 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail=False, recent=False: (
-            made.append((raw_tail, recent)) or kernel
+        lambda warps, raw_tail, recent, names, *types: (
+            made.append((raw_tail, recent, names)) or kernel
         ),
     )
     monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
@@ -659,9 +675,10 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
         assert mx.array_equal(view.recent[..., 64 * i : 64 * (i + 1)], a).item()
     out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
     (arguments,) = calls
-    assert made == [(True, True)]
-    inputs, at = arguments["inputs"], decode_attention.AT
-    assert len(inputs) == len(decode_attention.RECENT_INPUTS)
+    ((raw_tail, recent, names),) = made
+    assert raw_tail and recent and "recent" in names
+    inputs, at = arguments["inputs"], {name: i for i, name in enumerate(names)}
+    assert len(inputs) == len(names)
     assert inputs[at["recent"]] is view.recent
     assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
     flag_bits = dict(arguments["template"])["CODE"] >> 13

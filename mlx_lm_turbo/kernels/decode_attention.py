@@ -39,6 +39,7 @@ from .dispatch import (
     broadcast_rows,
     cuda_kernel,
     gpu_backend,
+    layer_served,
     placeholder,
     source,
     use_kernel,
@@ -75,10 +76,11 @@ def fused_decode_attention(queries, kv, scale, mask, sinks=None):
 
 def raw_tail_support(codec) -> bool:
     """Whether a decode token of this codec's layer may reach the kernel as the model gave
-    it (``fused_decode_and_encode``): the kernels serve the layer on MLX-CUDA (only the
-    CUDA kernel encodes) and its keys are quantized (turbo0vN keeps them as they are,
-    in an array of their own)."""
-    return codec.scheme.key_bits > 0 and use_kernel(codec) and gpu_backend() == "cuda"
+    it (``fused_decode_and_encode``): the kernels can serve the layer on MLX-CUDA (only
+    the CUDA kernel encodes) and its keys are quantized (turbo0vN keeps them as they are,
+    in an array of their own). ``MLX_LM_TURBO_KERNEL`` is read once a layer, by the
+    launch: under ``off`` it declines and the cache encodes the token as usual."""
+    return codec.scheme.key_bits > 0 and gpu_backend() == "cuda" and layer_served(codec)
 
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):
@@ -96,7 +98,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
-        or not use_kernel(kv.codec)  # MLX_LM_TURBO_KERNEL=off since the update
+        or not use_kernel(kv.codec)  # under MLX_LM_TURBO_KERNEL=off
         or call_support(queries, kv, mask) is not None
     ):
         return None
@@ -108,47 +110,83 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
 
 # A call's host cost grows with its inputs and template values
 # (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
-# input, the variant's yes/no choices as one template value.
-INPUTS = (*ATTENTION_INPUTS, "sink_logits", "counters", "previous")
-# A raw tail's calls also take the key mean and write the new token's row, and with a
-# window of recent tokens read and write their rows; the other calls' kernels have
-# none of these, so the source's names for them are declared empty.
-RAW_TAIL_INPUTS = (*INPUTS, "kmean")
-RECENT_INPUTS = (*RAW_TAIL_INPUTS, "recent")
-AT = {name: i for i, name in enumerate(RECENT_INPUTS)}  # an input's place in a call
+# input, the variant's yes/no choices as one template value, and a call passes only the
+# inputs its variant reads (``call_inputs``); the header declares the others empty.
+INPUTS = (*ATTENTION_INPUTS, "sink_logits", "counters", "previous", "kmean", "recent")
+# The optional inputs by the FLAGS bit that says a call reads them (decode_call.flags);
+# "keys" (stored as they are) by the key width instead.
+INPUT_FLAGS = {
+    "kscale": 1 << 3,
+    "sink_keys": 1 << 5,
+    "sink_values": 1 << 5,
+    "sink_pos": 1 << 5,
+    "tail_keys": 1 << 4,
+    "tail_values": 1 << 4,
+    "sink_logits": 1 << 6,
+    "kmean": 1 << 8,
+    "recent": 1 << 10,
+}
+MASK_ARRAY = 2  # FLAGS bits 0-1 of a mask given as an array
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
-NO_RAW_TAIL = (
-    "__device__ const float* const kmean = nullptr;\n"
-    "__device__ constexpr int64_t kmean_strides[3] = {0, 0, 0};\n"
-    "__device__ uint32_t* const new_rows = nullptr;\n"
-)
-NO_RECENT = (
-    "__device__ const float* const recent = nullptr;\n"
-    "__device__ constexpr int32_t recent_shape[4] = {0, 0, 0, 0};\n"
-    "__device__ constexpr int64_t recent_strides[4] = {0, 0, 0, 0};\n"
-    "__device__ float* const next_recent = nullptr;\n"
-)
-# The kernels by what their calls take: (name, inputs, outputs, empty declarations).
+# The kernels by their outputs: (raw tail, recent) -> (name, outputs, declarations of
+# the outputs a kernel has not).
 KERNELS = {
     (False, False): (
         "turbo_decode_attention",
-        INPUTS,
         ("out", "work"),
-        NO_RAW_TAIL + NO_RECENT,
+        "__device__ uint32_t* const new_rows = nullptr;\n"
+        "__device__ float* const next_recent = nullptr;\n",
     ),
     (True, False): (
         "turbo_decode_step",
-        RAW_TAIL_INPUTS,
         ("out", "work", "new_rows"),
-        NO_RECENT,
+        "__device__ float* const next_recent = nullptr;\n",
     ),
     (True, True): (
         "turbo_decode_step_recent",
-        RECENT_INPUTS,
         ("out", "work", "new_rows", "next_recent"),
         "",
     ),
 }
+C_TYPES = {
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float32": "float",
+    "bool": "bool",
+}
+
+
+def call_inputs(key_bits, flag_bits):
+    """The inputs a call of this variant passes, in ``INPUTS`` order."""
+
+    def read(name):
+        if name == "keys":
+            return not key_bits
+        if name == "mask":
+            return flag_bits & 3 == MASK_ARRAY
+        return flag_bits & INPUT_FLAGS.get(name, -1) != 0
+
+    return tuple(name for name in INPUTS if read(name))
+
+
+def absent_inputs(names, dtype, mask_dtype):
+    """Declarations standing for the inputs a call does not pass (``names`` are those it
+    does): a null pointer of the input's type, zero shape and strides. The kernel's code
+    names them all, but reads only those its FLAGS say a call passes."""
+    T = C_TYPES[dtype]
+    types = dict.fromkeys(
+        ("keys", "sink_keys", "sink_values", "tail_keys", "tail_values", "recent"), T
+    )
+    types.update(sink_pos="int32_t", mask=C_TYPES[mask_dtype])
+    return "".join(
+        f"__device__ const {types.get(name, 'float')}* const {name} = nullptr;\n"
+        f"__device__ constexpr int32_t {name}_shape[4] = {{0, 0, 0, 0}};\n"
+        f"__device__ constexpr int64_t {name}_strides[4] = {{0, 0, 0, 0}};\n"
+        for name in INPUTS
+        if name not in names
+    )
+
+
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
 # 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
@@ -168,14 +206,20 @@ def launch_bounds(warps):
 
 
 @lru_cache(maxsize=None)
-def _kernel(warps, raw_tail=False, recent=False):
-    name, inputs, outputs, empty = KERNELS[raw_tail, recent]
+def _kernel(warps, raw_tail, recent, names, dtype, mask_dtype):
+    """The kernel of a call passing the inputs ``names`` (``call_inputs``), for queries
+    of ``dtype`` (a dtype's name: "float16") and a mask of ``mask_dtype``."""
+    name, outputs, no_outputs = KERNELS[raw_tail, recent]
     return cuda_kernel(
         name,
-        list(inputs),
+        list(names),
         list(outputs),
         source("decode_attention.cu"),
-        header=launch_bounds(warps) + HEADER_CONSTANTS + empty + source("common.cuh"),
+        header=launch_bounds(warps)
+        + HEADER_CONSTANTS
+        + no_outputs
+        + absent_inputs(names, dtype, mask_dtype)
+        + source("common.cuh"),
     )
 
 
@@ -253,7 +297,7 @@ def _cuda_decode_attention(
         mask_kind, mask_dtype = 0, mx.bool_
     else:
         mask_kind, mask_dtype = (
-            (1, mx.bool_) if isinstance(mask, str) else (2, mask.dtype)
+            (1, mx.bool_) if isinstance(mask, str) else (MASK_ARRAY, mask.dtype)
         )
     plan = layer.plan(
         codec,
@@ -270,38 +314,45 @@ def _cuda_decode_attention(
         in_place,
         None if recent is None else recent.shape,
     )
-    inputs = [queries, *plan.inputs]  # the layer's constants and placeholders
+    inputs = plan.inputs.copy()  # the layer's constants; the call's arrays go in below
+    at = plan.at
+    inputs[0] = queries
+    inputs[at["rows"]] = rows
+    inputs[at["previous"]] = layer.previous
     if stored_keys:
-        inputs[AT["keys"]] = stored_keys[0]
-    inputs[AT["rows"]] = rows
+        inputs[at["keys"]] = stored_keys[0]
     if kv.sinks is not None:
-        inputs[AT["sink_keys"] : AT["sink_pos"] + 1] = (
+        first = at["sink_keys"]
+        inputs[first : first + 3] = (
             kv.sinks if B == 1 else [broadcast_rows(a, B) for a in kv.sinks]
         )
     if kv.new_keys is not None:
-        inputs[AT["tail_keys"]] = kv.new_keys
-        inputs[AT["tail_values"]] = kv.new_values
-    if mask_kind == 2:
+        inputs[at["tail_keys"]] = kv.new_keys
+        inputs[at["tail_values"]] = kv.new_values
+    if mask_kind == MASK_ARRAY:
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-        inputs[AT["mask"]] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
+        inputs[at["mask"]] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
     if sinks is not None:
-        inputs[AT["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
-    inputs[AT["previous"]] = layer.previous
+        inputs[at["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
     if recent is not None:
-        inputs.append(recent)
-    n_parts = _slices(n_tokens, plan.groups) + plan.has_exact
-    outputs = _kernel(WARPS, raw_tail, recent is not None)(
-        inputs=inputs, template=plan.template, **plan.launch(n_parts)
+        inputs[at["recent"]] = recent
+    outputs = plan.kernel(
+        inputs=inputs,
+        template=plan.template,
+        **plan.launch(_slices(n_tokens, plan.groups) + plan.has_exact),
     )
     layer.previous = outputs[0]
     return outputs
 
 
+DTYPE_NAMES = {mx.float16: "float16", mx.bfloat16: "bfloat16", mx.float32: "float32"}
+
+
 class _Plan:
-    """What a layer's calls of one configuration share: the template values, the
-    launch's groups, and every input but the per-call arrays (constants, counters,
-    and placeholders where the configuration reads none). Built once: on MLX-CUDA the
-    host's time per call is what separates a turbo layer from fp16's at short contexts."""
+    """What a layer's calls of one configuration share: the kernel, its template values,
+    the launch's groups, which inputs a call passes and where each goes, and the layer's
+    constants among them. Built once: on MLX-CUDA the host's time per call is what
+    separates a turbo layer from fp16's at short contexts."""
 
     def __init__(
         self,
@@ -338,30 +389,19 @@ class _Plan:
             self.output_shapes.append(recent_shape)
             self.output_dtypes.append(dtype)
         self.launches = {}
-        kscale = kmean = placeholder(mx.float32)
-        if codec.key_scale is not None:
-            kscale = broadcast_rows(codec.key_scale, B)
-            mx.eval(kscale)
-        if raw_tail and codec.key_mean is not None:
-            kmean = broadcast_rows(codec.key_mean, B)
-            mx.eval(kmean)
-        # INPUTS after the queries; the per-call ones are placeholders here
-        self.inputs = [
-            layer.constants(codec, scale),
-            kscale,
-            placeholder(dtype),  # keys stored as they are
-            placeholder(mx.uint32),  # rows
-            placeholder(dtype),
-            placeholder(dtype),
-            placeholder(mx.int32),  # sink keys, values, positions
-            placeholder(dtype),
-            placeholder(dtype),  # tail keys, values
-            placeholder(mx.bool_),  # mask
-            placeholder(mx.float32),  # sink logits
-            layer.zeroed_counters(self.groups),
-            None,  # the layer's previous output
-            *([kmean] if raw_tail else []),
-        ]
+        key_bits = codec.scheme.key_bits
+        flag_bits = flags(
+            mask_kind,
+            mask_dtype == mx.bool_,
+            codec.key_scale is not None,
+            tail,
+            sink_tokens,
+            sink_logits,
+            raw_tail,
+            raw_tail and codec.key_mean is not None,
+            in_place,
+            recent_shape is not None,
+        )
         self.template = template(
             dtype,
             mask_dtype,
@@ -369,23 +409,31 @@ class _Plan:
             G,
             L,
             query_rows,
-            codec.scheme.key_bits,
+            key_bits,
             codec.scheme.value_bits,
             WARPS,
             window,
-            flags(
-                mask_kind,
-                mask_dtype == mx.bool_,
-                codec.key_scale is not None,
-                tail,
-                sink_tokens,
-                sink_logits,
-                raw_tail,
-                raw_tail and codec.key_mean is not None,
-                in_place,
-                recent_shape is not None,
-            ),
+            flag_bits,
         )
+        names = call_inputs(key_bits, flag_bits)
+        self.at = {name: i for i, name in enumerate(names)}
+        self.kernel = _kernel(
+            WARPS,
+            raw_tail,
+            recent_shape is not None,
+            names,
+            DTYPE_NAMES[dtype],
+            "bool" if mask_dtype == mx.bool_ else DTYPE_NAMES[mask_dtype],
+        )
+        # the layer's arrays; the call's own are set per call (None here)
+        self.inputs = [None] * len(names)
+        self.inputs[self.at["consts"]] = layer.constants(codec, scale)
+        self.inputs[self.at["counters"]] = layer.zeroed_counters(self.groups)
+        if "kscale" in self.at:
+            self.inputs[self.at["kscale"]] = broadcast_rows(codec.key_scale, B)
+        if "kmean" in self.at:
+            self.inputs[self.at["kmean"]] = broadcast_rows(codec.key_mean, B)
+        mx.eval([a for a in self.inputs if a is not None])
 
     def launch(self, n_parts):
         """The launch's grid and outputs for calls over n_parts parts."""

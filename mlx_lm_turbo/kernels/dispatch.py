@@ -21,7 +21,7 @@ HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified f
 
 def kernel_mode() -> str:
     # Read at every call (tests and users may change it), parsed once per value:
-    # a decode step asks once or twice per layer.
+    # a decode step asks once a layer.
     return _mode(os.environ.get(KERNEL_ENV, "auto"))
 
 
@@ -76,6 +76,12 @@ def _layer_support(backend, key_dim, value_dim, mode):
             f"({KERNEL_ENV}=on enables it)"
         )
     return head_dims_support(key_dim, value_dim)
+
+
+def layer_served(codec) -> bool:
+    """Whether the fused kernels can serve this layer here, whatever
+    ``MLX_LM_TURBO_KERNEL`` says (``use_kernel`` reads it)."""
+    return _layer_support(gpu_backend(), codec.key_dim, codec.value_dim, "auto") is None
 
 
 def use_kernel(codec) -> bool:
