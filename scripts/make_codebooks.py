@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 512)
-BITS = (1, 2, 3, 4, 8)
+BITS = (1, 2, 3, 4, 5, 6, 8)
 OUT = (
     Path(__file__).resolve().parent.parent / "mlx_lm_turbo" / "codec" / "codebooks.json"
 )

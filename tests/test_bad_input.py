@@ -819,7 +819,7 @@ def test_doctor_reports_bad_settings_without_a_traceback(
     from mlx_lm_turbo.tools import doctor
 
     path = overrides(LLAMA + 'opt_out = "no"\n')
-    monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo5")
+    monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo7")
     monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "bogus")
     assert doctor.main([]) == 1
     out = capsys.readouterr().out
@@ -832,7 +832,7 @@ def test_doctor_reports_bad_settings_without_a_traceback(
         in out
     )
     assert (
-        "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo5'. Did you mean turbo4?"
+        "MLX_LM_TURBO_KV_SCHEME: INVALID: Unknown KV scheme 'turbo7'. Did you mean turbo6v2?"
         in out
     )
 

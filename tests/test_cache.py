@@ -340,7 +340,7 @@ def test_bad_inputs_give_clear_errors():
         cache = TurboQuantKVCache("turbo4")
         cache.update_and_fetch(*kv(4))
         cache.update_and_fetch(*kv(4, D=64))
-    with pytest.raises(ValueError, match="Did you mean turbo4"):
+    with pytest.raises(ValueError, match="Did you mean turbo5v3"):
         TurboQuantKVCache("turbo5")
     with pytest.raises(ValueError, match="not 'none'"):
         TurboQuantKVCache("none")

@@ -169,6 +169,28 @@ def test_where_the_kernels_run_is_worked_out_once_per_setting():
     assert (info.currsize, info.hits) == (1, 2)
 
 
+def test_key_widths_the_kernels_do_not_decode_take_the_portable_path(monkeypatch):
+    # 5- and 6-bit keys (turbo5v3, turbo6v2) have codebooks and packing but no kernel
+    # yet: on a GPU their layers take the portable path (auto) or refuse (on), and the
+    # decode token is encoded by the cache, not handed raw to a launch. Runs anywhere.
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    from mlx_lm_turbo.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "gpu_backend", lambda: "cuda")
+    monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
+    assert layer_support(64, 64, 4) is None
+    assert "5-bit keys" in layer_support(64, 64, 5)
+    cache = filled_cache(TurboQuantKVCache("turbo6v2"), 48, 2, 64, mx.float16)
+    assert not decode_attention.raw_tail_support(cache.codec)
+    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
+    assert view.pending is None
+    monkeypatch.setenv(KERNEL_ENV, "auto")
+    assert fused_decode_attention(q, view, 0.125, mask) is None
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    with pytest.raises(KernelUnavailableError, match="6-bit keys"):
+        fused_decode_attention(q, view, 0.125, mask)
+
+
 @pytest.mark.skipif(
     mx.default_device() == mx.gpu,
     reason="checks the refusal where no kernel runs (CPU)",

@@ -32,7 +32,9 @@ def test_off(text):
 @pytest.mark.parametrize(
     "text, nearest",
     [
-        ("turbo5", "turbo4"),
+        ("turbo5", "turbo5v3"),
+        ("turbo7", "turbo6v2"),
+        ("turbo5v5", "turbo5v4"),
         ("turbo1", "turbo2"),
         ("turbo0", "turbo0v4"),
         ("turbo4v0", "turbo4v2"),

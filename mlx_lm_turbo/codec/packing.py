@@ -1,8 +1,8 @@
 """Exact bit packing of codebook indices into uint32 words.
 
 A vector of ``dim`` b-bit indices is one bit stream of ``dim * b`` bits in
-``ceil(dim * b / 32)`` words: 8 per word at 4 bits, 16 at 2, 4 at 8, and at 3
-bits 32 values in three words, a value straddling two words where it falls.
+``ceil(dim * b / 32)`` words: 8 per word at 4 bits, 16 at 2, 4 at 8, and at 3, 5
+and 6 bits 32 values in 3, 5 and 6 words, a value straddling two words where it falls.
 """
 
 from functools import lru_cache
@@ -10,7 +10,7 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-PACKABLE_BITS = (1, 2, 3, 4, 8)
+PACKABLE_BITS = (1, 2, 3, 4, 5, 6, 8)
 
 
 def packed_words(dim: int, bits: int) -> int:

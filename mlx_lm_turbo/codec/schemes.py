@@ -1,10 +1,13 @@
 """The scheme grammar: the one place that says which ``--kv-scheme`` values exist.
 
-    turbo<K>[v<V>][-compact]     K in {0, 2, 3, 4, 8}, V in {2, 3, 4, 8}
+    turbo<K>[v<V>][-compact]     K in {0, 2, 3, 4, 5, 6, 8}, V in {2, 3, 4, 8}
     none                         compression off
 
 ``turbo4`` is 4-bit keys and values, ``turbo4v2`` 4-bit keys and 2-bit values,
-``turbo0v4`` keeps keys in fp16 and stores 4-bit values. ``-compact`` (the Swift
+``turbo0v4`` keeps keys in fp16 and stores 4-bit values. Keys alone come at 5 and 6
+bits: attention's scores need the keys' precision more than its output the values'
+(benchmarks/results/key_bits_1k_cpu.md), so ``turbo5v3`` spends turbo4's bits with
+less error; a bare ``turbo5`` is refused (the suggestion is turbo5v3). ``-compact`` (the Swift
 port's name for compressed-domain decode) is accepted and means the same storage:
 this cache never keeps an fp16 copy, and the fused kernels serve every scheme.
 """
@@ -14,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-KEY_BITS = (0, 2, 3, 4, 8)
+KEY_BITS = (0, 2, 3, 4, 5, 6, 8)
 VALUE_BITS = (2, 3, 4, 8)
 # Canonical ASCII forms only: no other digits, no leading zeros (turbo04, turbo٤).
 _PATTERN = re.compile(r"turbo(0|[1-9][0-9]*)(?:v([1-9][0-9]*))?(-compact)?", re.ASCII)
@@ -52,7 +55,7 @@ class KVScheme:
 
 
 def valid_scheme_names():
-    names = [f"turbo{k}" for k in KEY_BITS if k]
+    names = [f"turbo{k}" for k in KEY_BITS if k in VALUE_BITS]
     names += [f"turbo{k}v{v}" for k in KEY_BITS for v in VALUE_BITS if k != v]
     return names + [n + "-compact" for n in names]
 
@@ -94,8 +97,16 @@ def _nearest_scheme(text):
 
     key_bits = 4 if not requested else int(requested)
     key_bits = 0 if key_bits == 0 else nearest(key_bits, [b for b in KEY_BITS if b])
-    value_bits = int(value) if value else (key_bits or 4)
+    value_bits = int(value) if value else default_value_bits(key_bits)
     return KVScheme(key_bits, nearest(value_bits, VALUE_BITS), compact).name
+
+
+def default_value_bits(key_bits):
+    """The value width a bare ``turbo<K>`` means: K itself, or for the key-only widths
+    (5, 6) the one that keeps turbo4's 8 bits a key-value pair (turbo5v3, turbo6v2)."""
+    if not key_bits:
+        return 4
+    return key_bits if key_bits in VALUE_BITS else 8 - key_bits
 
 
 def _unknown_scheme_message(text):
