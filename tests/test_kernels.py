@@ -169,28 +169,6 @@ def test_where_the_kernels_run_is_worked_out_once_per_setting():
     assert (info.currsize, info.hits) == (1, 2)
 
 
-def test_key_widths_the_kernels_do_not_decode_take_the_portable_path(monkeypatch):
-    # 5- and 6-bit keys (turbo5v3, turbo6v2) have codebooks and packing but no kernel
-    # yet: on a GPU their layers take the portable path (auto) or refuse (on), and the
-    # decode token is encoded by the cache, not handed raw to a launch. Runs anywhere.
-    import mlx_lm_turbo.kernels.decode_attention as decode_attention
-    from mlx_lm_turbo.kernels import dispatch
-
-    monkeypatch.setattr(dispatch, "gpu_backend", lambda: "cuda")
-    monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
-    assert layer_support(64, 64, 4) is None
-    assert "5-bit keys" in layer_support(64, 64, 5)
-    cache = filled_cache(TurboQuantKVCache("turbo6v2"), 48, 2, 64, mx.float16)
-    assert not decode_attention.raw_tail_support(cache.codec)
-    q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
-    assert view.pending is None
-    monkeypatch.setenv(KERNEL_ENV, "auto")
-    assert fused_decode_attention(q, view, 0.125, mask) is None
-    monkeypatch.setenv(KERNEL_ENV, "on")
-    with pytest.raises(KernelUnavailableError, match="6-bit keys"):
-        fused_decode_attention(q, view, 0.125, mask)
-
-
 @pytest.mark.skipif(
     mx.default_device() == mx.gpu,
     reason="checks the refusal where no kernel runs (CPU)",
@@ -224,6 +202,9 @@ WIDTHS = [
     "turbo0v4",
     "turbo0v2",
     "turbo8v4",
+    "turbo5v3",
+    "turbo6v2",
+    "turbo5v2",
 ]
 
 
@@ -424,6 +405,8 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
         ("turbo2", "none"),
         ("turbo8v4", "center"),
         ("turbo0v3", None),
+        ("turbo5v3", "center+scale"),
+        ("turbo6v2", "center"),
     ],
 )
 @pytest.mark.parametrize("D", [64, 128, 256])
@@ -972,6 +955,8 @@ def test_a_view_attended_twice_gives_the_same_output(
         ("turbo2", "none", 256, mx.bfloat16),
         ("turbo8", "center", 64, mx.float32),
         ("turbo4v2", "center", 128, mx.bfloat16),
+        ("turbo5v3", "center+scale", 64, mx.float16),
+        ("turbo6v2", "center", 256, mx.bfloat16),
     ],
 )
 def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
@@ -1031,6 +1016,8 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
         ("turbo3", 64, mx.bfloat16),
         ("turbo2", 256, mx.float16),
         ("turbo4v2", 128, mx.float32),
+        ("turbo5v3", 128, mx.float16),
+        ("turbo6v2", 64, mx.bfloat16),
     ],
 )
 def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(

@@ -56,9 +56,7 @@ def check_model(model, active):
             if p.scheme.key_bits:
                 check_head_dim(key_dim)
             check_head_dim(value_dim)
-            why_not = kernel_mode() == "on" and layer_support(
-                key_dim, value_dim, p.scheme.key_bits
-            )
+            why_not = kernel_mode() == "on" and layer_support(key_dim, value_dim)
             if why_not:
                 raise UsageError(
                     f"{KERNEL_ENV}=on, but the fused kernels cannot run for cache entry "

@@ -17,7 +17,6 @@ from ..errors import KernelUnavailableError
 KERNEL_ENV = "MLX_LM_TURBO_KERNEL"
 KERNEL_MODES = ("auto", "on", "off")
 HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built and verified for
-KEY_BITS = (0, 2, 3, 4, 8)  # the key widths they decode (every value width)
 
 
 def kernel_mode() -> str:
@@ -62,14 +61,13 @@ def head_dims_support(key_dim, value_dim) -> "str | None":
     return None
 
 
-def layer_support(key_dim, value_dim, key_bits=4) -> "str | None":
-    """Why the fused kernels cannot serve a layer of these head dims and key width here;
-    None if they can."""
-    return _layer_support(gpu_backend(), key_dim, value_dim, key_bits, kernel_mode())
+def layer_support(key_dim, value_dim) -> "str | None":
+    """Why the fused kernels cannot serve a layer of these head dims here; None if they can."""
+    return _layer_support(gpu_backend(), key_dim, value_dim, kernel_mode())
 
 
 @lru_cache(maxsize=None)
-def _layer_support(backend, key_dim, value_dim, key_bits, mode):
+def _layer_support(backend, key_dim, value_dim, mode):
     if backend is None:
         return "MLX runs on the CPU here (the kernels are for GPUs)"
     if backend == "metal" and mode != "on":
@@ -77,24 +75,13 @@ def _layer_support(backend, key_dim, value_dim, key_bits, mode):
             "the Metal variant of the kernels has not run on an Apple GPU yet "
             f"({KERNEL_ENV}=on enables it)"
         )
-    if key_bits not in KEY_BITS:
-        return (
-            f"{key_bits}-bit keys (the kernels decode "
-            f"{', '.join(str(b) for b in KEY_BITS if b)}-bit keys, and keys kept as they are)"
-        )
     return head_dims_support(key_dim, value_dim)
-
-
-def _codec_support(codec, mode):
-    return _layer_support(
-        gpu_backend(), codec.key_dim, codec.value_dim, codec.scheme.key_bits, mode
-    )
 
 
 def layer_served(codec) -> bool:
     """Whether the fused kernels can serve this layer here, whatever
     ``MLX_LM_TURBO_KERNEL`` says (``use_kernel`` reads it)."""
-    return _codec_support(codec, "auto") is None
+    return _layer_support(gpu_backend(), codec.key_dim, codec.value_dim, "auto") is None
 
 
 def use_kernel(codec) -> bool:
@@ -102,7 +89,7 @@ def use_kernel(codec) -> bool:
     mode = kernel_mode()
     if mode == "off":
         return False
-    reason = _codec_support(codec, mode)
+    reason = _layer_support(gpu_backend(), codec.key_dim, codec.value_dim, mode)
     if reason is not None and mode == "on":
         raise KernelUnavailableError(
             f"{KERNEL_ENV}=on, but the fused kernels cannot run: {reason}. "
