@@ -77,7 +77,7 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
     [
         (
             ["--caches", "fp16", "turbo5"],
-            "--caches: Unknown KV scheme 'turbo5'. Did you mean turbo4?",
+            "--caches: Unknown KV scheme 'turbo5'. Did you mean turbo5v3?",
         ),
         (["--caches", "fp16", "affine7"], "affine caches are affine2/3/4/5/6/8"),
         (["--caches", "turbo4", "fp16"], "must start with fp16"),

@@ -107,7 +107,7 @@ def test_bad_scheme_is_a_usage_error(tiny_model):
         "turbo5",
     )
     assert result.returncode == 2
-    assert "Unknown KV scheme 'turbo5'. Did you mean turbo4?" in result.stderr
+    assert "Unknown KV scheme 'turbo5'. Did you mean turbo5v3?" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -419,4 +419,4 @@ def test_server_with_a_bad_scheme_exits_at_once(tiny_model):
         "turbo7",
         timeout=60,
     )
-    assert result.returncode == 2 and "Did you mean turbo8?" in result.stderr
+    assert result.returncode == 2 and "Did you mean turbo6v2?" in result.stderr

@@ -387,7 +387,7 @@ def exit_status(argv):
     [
         (
             ["--model", "/nonexistent", "--schemes", "turbo5"],
-            "--schemes: Unknown KV scheme 'turbo5'. Did you mean turbo4?",
+            "--schemes: Unknown KV scheme 'turbo5'. Did you mean turbo5v3?",
         ),
         (
             ["--model", "/nonexistent", "--schemes", "garbage"],

@@ -149,7 +149,7 @@ def test_registry_precedence_and_matching():
         and merged["layer_schemes"] == {0: "turbo8"}
     )
     assert registry.resolve("qwen3", None) == {"sources": []}
-    with pytest.raises(ValueError, match="Did you mean turbo4"):
+    with pytest.raises(ValueError, match="Did you mean turbo5v3"):
         registry.add(model_type="x", scheme="turbo5")
     with pytest.raises(ValueError, match="exactly one"):
         registry.add(scheme="turbo4")
