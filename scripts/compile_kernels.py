@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlx_lm_turbo.kernels.decode_attention import C_TYPES
+
 PRELUDE = """
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -26,14 +28,6 @@ using Shape = cuda::std::array<int32_t, 10>;
 using Strides = cuda::std::array<int64_t, 10>;
 }
 """
-C_TYPES = {
-    "float16": "__half",
-    "bfloat16": "__nv_bfloat16",
-    "float32": "float",
-    "bool": "bool",
-    "uint32": "uint32_t",
-    "int32": "int32_t",
-}
 
 
 def wrap(name, body, header, inputs, outputs, template):

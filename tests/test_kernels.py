@@ -522,6 +522,17 @@ def recording_kernel(calls):
     return kernel
 
 
+def test_every_call_passes_queries_constants_rows_counters_and_previous():
+    # Also a variant of no flags at all (no tail, no sink tokens, no mask, no key
+    # statistics): it still needs the arrays every call reads.
+    from mlx_lm_turbo.kernels.decode_attention import INPUTS, call_inputs
+
+    always = ("q", "consts", "rows", "counters", "previous")
+    assert call_inputs(4, 0) == always
+    assert call_inputs(0, 0) == ("q", "consts", "keys", "rows", "counters", "previous")
+    assert set(always) < set(call_inputs(4, 0b11111111111)) <= set(INPUTS)
+
+
 def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     # Runs anywhere: the kernel is a stand-in recording its arguments. A layer's later
     # calls reuse the plan of their configuration; what they pass must be what a call

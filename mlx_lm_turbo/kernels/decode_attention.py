@@ -148,11 +148,13 @@ KERNELS = {
         "",
     ),
 }
-C_TYPES = {
+C_TYPES = {  # an input's C type by its dtype's name
     "float16": "__half",
     "bfloat16": "__nv_bfloat16",
     "float32": "float",
     "bool": "bool",
+    "uint32": "uint32_t",
+    "int32": "int32_t",
 }
 
 
@@ -164,7 +166,11 @@ def call_inputs(key_bits, flag_bits):
             return not key_bits
         if name == "mask":
             return flag_bits & 3 == MASK_ARRAY
-        return flag_bits & INPUT_FLAGS.get(name, -1) != 0
+        if name in INPUT_FLAGS:
+            return flag_bits & INPUT_FLAGS[name] != 0
+        return (
+            True  # every call passes the queries, constants, rows, counters, previous
+        )
 
     return tuple(name for name in INPUTS if read(name))
 
@@ -177,7 +183,7 @@ def absent_inputs(names, dtype, mask_dtype):
     types = dict.fromkeys(
         ("keys", "sink_keys", "sink_values", "tail_keys", "tail_values", "recent"), T
     )
-    types.update(sink_pos="int32_t", mask=C_TYPES[mask_dtype])
+    types.update(sink_pos=C_TYPES["int32"], mask=C_TYPES[mask_dtype])
     return "".join(
         f"__device__ const {types.get(name, 'float')}* const {name} = nullptr;\n"
         f"__device__ constexpr int32_t {name}_shape[4] = {{0, 0, 0, 0}};\n"
