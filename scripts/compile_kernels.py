@@ -5,11 +5,18 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
 
     python scripts/compile_kernels.py [--arch sm_90]
     python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
+    python scripts/compile_kernels.py --variants 72 --loops  # instructions per MMA loop
+
+``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
+``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
+counts the SASS instructions of every loop holding tensor-core instructions: the key
+loop (16 tokens an iteration) and the value loop (16 tokens) of the decode kernel.
 """
 
 import argparse
 import itertools
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,6 +100,43 @@ def attention_variants():
             (raw_tail, recent),
             template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits),
         )
+
+
+def attention_unit(dtype, kind, template):
+    """The fused decode kernel's translation unit for one ``attention_variants`` item."""
+    from mlx_lm_turbo.kernels import decode_attention
+    from mlx_lm_turbo.kernels.dispatch import source
+
+    _, outputs, no_outputs = decode_attention.KERNELS[kind]
+    values = dict(template)
+    names = decode_attention.call_inputs(values["CODE"] & 15, values["CODE"] >> 13)
+    types = {
+        "q": dtype,
+        "keys": dtype,
+        "rows": "uint32",
+        "counters": "uint32",
+        "previous": dtype,
+        "sink_keys": dtype,
+        "sink_values": dtype,
+        "sink_pos": "int32",
+        "tail_keys": dtype,
+        "tail_values": dtype,
+        "mask": "bool",
+        "recent": dtype,
+    }
+    output_types = {"out": dtype, "new_rows": "uint32", "next_recent": dtype}
+    return wrap(
+        "attention",
+        source("decode_attention.cu"),
+        decode_attention.launch_bounds(4)
+        + decode_attention.HEADER_CONSTANTS
+        + no_outputs
+        + decode_attention.absent_inputs(names, dtype, "bool")
+        + source("common.cuh"),
+        [(n, types.get(n, "float32")) for n in names],
+        [(n, output_types.get(n, "float32")) for n in outputs],
+        template,
+    )
 
 
 def simd_variants():
@@ -241,23 +285,44 @@ def compile_metal_as_cpp(unit, path):
     )
 
 
-def compile_unit(unit, arch, path):
-    """nvcc's run on one translation unit written to ``path``."""
+def compile_unit(unit, arch, path, cubin=None):
+    """nvcc's run on one translation unit written to ``path`` (the binary to ``cubin``
+    where given)."""
     path.write_text(unit)
+    output = ["-cubin", "-o", str(cubin)] if cubin else ["-c", "-o", "/dev/null"]
     return subprocess.run(
-        [
-            "nvcc",
-            "-std=c++17",
-            f"-arch={arch}",
-            "-c",
-            "-o",
-            "/dev/null",
-            "--resource-usage",
-            str(path),
-        ],
+        ["nvcc", "-std=c++17", f"-arch={arch}", *output, "--resource-usage", str(path)],
         capture_output=True,
         text=True,
     )
+
+
+INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def mma_loops(sass):
+    """(instructions, MMA instructions, shared loads) of each loop in nvdisasm's
+    listing that holds tensor-core instructions: the body between a label and a
+    conditional backward branch to it (the divergence handlers at the end jump back
+    unconditionally; they are no loops)."""
+    labels, listing = {}, []
+    for line in sass.splitlines():
+        if m := LABEL.match(line):
+            labels[m.group(1)] = len(listing)
+        elif m := INSTRUCTION.match(line):
+            listing.append(m.group(1))
+    loops = []
+    for end, text in enumerate(listing):
+        target = re.search(r"BRA `\((\.L_x_\d+)\)", text)
+        start = labels.get(target.group(1)) if target else None
+        if start is None or start > end or not text.startswith("@"):
+            continue
+        body = listing[start : end + 1]
+        mma = sum("HMMA" in t for t in body)
+        if mma:
+            loops.append((len(body), mma, sum(" LDS" in f" {t}" for t in body)))
+    return loops
 
 
 def main():
@@ -270,7 +335,15 @@ def main():
         "--variants",
         type=int,
         nargs="*",
-        help="compile these attention variants only (54: the decode benchmark's)",
+        help="compile these attention variants only (72: the decode benchmark's turbo4)",
+    )
+    parser.add_argument(
+        "--loops",
+        action="store_true",
+        help="also count the SASS instructions of each tensor-core loop (nvdisasm)",
+    )
+    parser.add_argument(
+        "--nvdisasm", default="nvdisasm", help="the nvdisasm to run for --loops"
     )
     parser.add_argument(
         "--simd",
@@ -294,52 +367,17 @@ def main():
         backend = "metal" if args.metal_as_cpp else "cuda"
         units = [unit for v in variants for unit in simd_units(*v, backend=backend)]
         sys.exit(compile_all(units, args.arch, args.metal_as_cpp))
-    from mlx_lm_turbo.kernels import decode_attention, encode
+    from mlx_lm_turbo.kernels import encode
     from mlx_lm_turbo.kernels.dispatch import source
 
     header = source("common.cuh")
-    attention_body = source("decode_attention.cu")
-
-    units = []
     variants = list(attention_variants())
     chosen = (
         [variants[i] for i in args.variants]
         if args.variants is not None
         else variants[:: args.every]
     )
-    for dtype, kind, template in chosen:
-        _, outputs, no_outputs = decode_attention.KERNELS[kind]
-        values = dict(template)
-        names = decode_attention.call_inputs(values["CODE"] & 15, values["CODE"] >> 13)
-        types = {
-            "q": dtype,
-            "keys": dtype,
-            "rows": "uint32",
-            "counters": "uint32",
-            "previous": dtype,
-            "sink_keys": dtype,
-            "sink_values": dtype,
-            "sink_pos": "int32",
-            "tail_keys": dtype,
-            "tail_values": dtype,
-            "mask": "bool",
-            "recent": dtype,
-        }
-        output_types = {"out": dtype, "new_rows": "uint32", "next_recent": dtype}
-        units.append(
-            wrap(
-                "attention",
-                attention_body,
-                decode_attention.launch_bounds(4)
-                + decode_attention.HEADER_CONSTANTS
-                + no_outputs
-                + decode_attention.absent_inputs(names, dtype, "bool")
-                + header,
-                [(n, types.get(n, "float32")) for n in names],
-                [(n, output_types.get(n, "float32")) for n in outputs],
-                template,
-            )
-        )
+    units = [attention_unit(*variant) for variant in chosen]
     encode_body = source("encode.cu")
     for dtype, D, (KB, VB) in (
         list(
@@ -361,24 +399,42 @@ def main():
                 encode.template(dtype, D, KB, VB, True, D == 64),
             )
         )
-    sys.exit(compile_all(units, args.arch))
+    if args.loops and shutil.which(args.nvdisasm) is None:
+        parser.error(
+            f"--loops needs nvdisasm ({args.nvdisasm!r} not found): pip download "
+            "nvidia-cuda-nvdisasm, unzip it and pass --nvdisasm DIR/nvidia/cu13/bin/nvdisasm"
+        )
+    sys.exit(compile_all(units, args.arch, nvdisasm=args.loops and args.nvdisasm))
 
 
-def compile_all(units, arch, metal_as_cpp=False):
-    """Compile each unit, say how it went; 1 if any failed, else 0."""
+def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
+    """Compile each unit, say how it went (with ``nvdisasm``: its MMA loops); 1 if any
+    failed, else 0."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
+            cubin = Path(tmp) / f"unit{n}.cubin" if nvdisasm else None
             if metal_as_cpp:
                 run = compile_metal_as_cpp(unit, Path(tmp) / f"unit{n}.cpp")
             else:
-                run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu")
+                run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu", cubin)
             usage = re.findall(r"Used \d+ registers.*", run.stderr)
             if run.returncode:
                 failed += 1
                 print(f"unit {n} FAILED:\n{run.stderr[:4000]}")
-            else:
-                print(f"unit {n} ok {usage[:1]}")
+                continue
+            print(f"unit {n} ok {usage[:1]}")
+            if nvdisasm:
+                listing = subprocess.run(
+                    [nvdisasm, "-c", str(cubin)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                for size, mma, loads in mma_loops(listing):
+                    print(
+                        f"  loop: {size} instructions, {mma} MMA, {loads} shared loads"
+                    )
     return 1 if failed else 0
 
 

@@ -1,4 +1,6 @@
 import os
+import sys
+from pathlib import Path
 
 # MLX-CUDA runs float32 matmuls as TF32 unless told otherwise (ml-explore/mlx#3860: a
 # 10-bit mantissa). The float32 tests compare float32 rounding (chunk invariance,
@@ -27,6 +29,19 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if skip is not None and marker in item.keywords:
                 item.add_marker(skip)
+
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+
+
+def scripts_compile_kernels():
+    """``scripts/compile_kernels.py`` as a module (the scripts are no package)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import compile_kernels
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return compile_kernels
 
 
 def relative_error(a, b):

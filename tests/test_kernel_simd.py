@@ -15,13 +15,12 @@ Metal build, which has never run here (no Apple hardware).
 import math
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import relative_error
+from conftest import relative_error, scripts_compile_kernels
 from test_kernels import (
     BF16_TOLERANCE,
     TOLERANCE,
@@ -37,18 +36,6 @@ from mlx_lm_turbo.codec.codec import split_rows
 from mlx_lm_turbo.codec.packing import unpack
 from mlx_lm_turbo.kernels import KERNEL_ENV, dispatch
 from mlx_lm_turbo.kernels import decode_attention_simd as simd
-
-SCRIPTS = Path(__file__).parents[1] / "scripts"
-
-
-def scripts_compile_kernels():
-    """``scripts/compile_kernels.py`` as a module (the scripts are no package)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import compile_kernels
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return compile_kernels
 
 
 @pytest.fixture(autouse=True)

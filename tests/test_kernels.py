@@ -11,10 +11,13 @@ portable path run in float32 on the same caches: the kernel must be within 4e-3 
 """
 
 import copy
+import shutil
+import tempfile
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import outlier_keys, relative_error
+from conftest import outlier_keys, relative_error, scripts_compile_kernels
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import (
@@ -250,6 +253,17 @@ def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
         TurboQuantKVCache("turbo4"), 3000, 4, 128, mx.float16, chunk=1024
     )
     q, view, mask = step_inputs(cache, L, 4, G, 128, mx.float16)
+    check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo2"])
+def test_more_than_eight_query_rows_at_head_dim_64(monkeypatch, scheme):
+    # 3 x 8 query rows a KV head (SmolLM2's group, a verify step): 16 rows a block, so
+    # the key scores take two tiles of 8 query rows on the tensor cores; 3-bit key
+    # pairs are not whole words at head dim 64.
+    cache = filled_cache(TurboQuantKVCache(scheme), 2000, 3, 64, mx.float16, chunk=512)
+    q, view, mask = step_inputs(cache, 8, 3, 3, 64, mx.float16)
     check(monkeypatch, q, view, mask)
 
 
@@ -1090,3 +1104,43 @@ def test_copies_of_a_cache_decode_apart(monkeypatch):
         for a, b in zip(out[id(c)], reference, strict=True):
             assert relative_error(a, b) < 1e-6
         states_equal(c, alone)
+
+
+# -- offline (nvcc, no GPU) --------------------------------------------------------
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("key_bits", [4, 3])
+def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
+    # head dim 64, 4 x 8 query rows: the key scores' second tile of 8 rows (4-bit key
+    # pairs read as bytes of whole words, 3-bit pairs straddling words)
+    compile_kernels = scripts_compile_kernels()
+    variant = next(
+        (dtype, kind, template)
+        for dtype, kind, template in compile_kernels.attention_variants()
+        if dtype == "float16"
+        and dict(template)["SHAPE"] & 1023 == 64
+        and dict(template)["SHAPE"] >> 22 == 16
+        and dict(template)["CODE"] & 15 == key_bits
+    )
+    unit = compile_kernels.attention_unit(*variant)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = compile_kernels.compile_unit(unit, "sm_90", Path(tmp) / "unit.cu")
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+def test_mma_loops_counts_the_loops_holding_tensor_core_instructions():
+    listing = """
+        /*0000*/                   MOV R1, RZ ;
+.L_x_1:
+        /*0010*/                   LDS R2, [R3] ;
+        /*0020*/                   HMMA.16816.F32 R4, R8, R2, R4 ;
+        /*0030*/                   IADD3 R3, R3, 0x4, RZ ;
+        /*0040*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0050*/                   IADD3 R3, R3, 0x4, RZ ;
+        /*0060*/              @P1 BRA `(.L_x_2) ;
+        /*0070*/                   BRA `(.L_x_1) ;
+        /*0080*/                   EXIT ;
+"""
+    # the second loop has no MMA; the last jump back is unconditional (a divergence
+    # handler's return), no loop
+    assert scripts_compile_kernels().mma_loops(listing) == [(4, 1, 1)]

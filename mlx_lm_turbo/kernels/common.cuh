@@ -52,10 +52,31 @@ __device__ __forceinline__ float exp2_or_zero(float x) {
 // j is a compile-time constant after unrolling, so this is one or two shifts and a mask.
 template <int BITS, int N>
 __device__ __forceinline__ uint32_t code_at(const uint32_t (&w)[N], int j) {
+  if constexpr (BITS == 8) {
+    return __byte_perm(w[j >> 2], 0u, 0x4440 | (j & 3));  // one permute: byte j & 3
+  }
   const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
   uint32_t v = w[word] >> shift;
   if (shift + BITS > 32 && word + 1 < N) v |= w[word + 1] << (32 - shift);
   return v & ((1u << BITS) - 1u);
+}
+
+// 4-bit codes spread to bytes: word 2i of `out` holds the even codes of w[i], word
+// 2i + 1 the odd ones, each in a byte of its own, so that nibble_at reads a code with
+// one byte permute instead of a shift and a mask (3 operations a word, 8 codes).
+template <int N>
+__device__ __forceinline__ void nibble_bytes(const uint32_t (&w)[N], uint32_t (&out)[2 * N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    out[2 * i] = w[i] & 0x0f0f0f0fu;
+    out[2 * i + 1] = (w[i] >> 4) & 0x0f0f0f0fu;
+  }
+}
+
+// Code j of the 4-bit codes nibble_bytes spread.
+template <int N>
+__device__ __forceinline__ uint32_t nibble_at(const uint32_t (&spread)[N], int j) {
+  return __byte_perm(spread[2 * (j >> 3) + (j & 1)], 0u, 0x4440 | ((j >> 1) & 3));
 }
 
 // The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits

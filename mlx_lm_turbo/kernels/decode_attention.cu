@@ -49,8 +49,9 @@ constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: un
 constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 // Key scores on the tensor cores where a pair of key codes indexes a small table of
 // level pairs (2-4 bits) and a tile's whole rows fit the staging memory: each warp
-// multiplies its query rows (fp16 fragments, kept in registers) by 8 tokens' decoded
-// keys at a time instead of reading every query value from shared memory per dim.
+// multiplies 16 tokens' decoded keys at a time (A: every row of the MMA is a token) by
+// its query rows (B: fp16 fragments of 8 rows, kept in registers) instead of reading
+// every query value from shared memory per dim.
 // fp16 tensor-core math only for fp16/bf16 models: a float32 model keeps float32 scores.
 constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
@@ -168,9 +169,11 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   q_t[(idx % D) * R + idx / D] = q_rows[idx] * q_scale;
 }
 __syncthreads();
-// KEY_MMA: this lane's parts of the query rows as A fragments, one per 16 dims.
+// KEY_MMA: this lane's parts of the query rows as B fragments, one per 16 dims and 8
+// rows (QT of them: rows 8 .. 15 only where R > 8, head dim 64).
 const int frag_group = lane >> 2, frag_t = lane & 3;
-// The pair of key dims (2p, 2p + 1) in lane t's columns 2t, 2t + 1 (half 0) or
+constexpr int QT = (R + 7) / 8;
+// The pair of key dims (2p, 2p + 1) in lane t's k slots 2t, 2t + 1 (half 0) or
 // 2t + 8, 2t + 9 (half 1) of k step ks; A and B agree on it, so any order sums alike.
 auto key_pair = [](int ks, int half, int t) {
   if constexpr (KEY_WORD_PAIRS) {
@@ -179,18 +182,18 @@ auto key_pair = [](int ks, int half, int t) {
     return ks * 8 + 4 * half + t;
   }
 };
-uint32_t q_frag[KEY_MMA ? D / 16 : 1][4];
+uint32_t q_frag[KEY_MMA ? D / 16 : 1][QT][2];
 if constexpr (KEY_MMA) {
-  // rows group + 8 exist only where R > 8 (head_dim 64)
   auto q_at = [&](int row, int d) { return row < R ? q_t[d * R + row] : 0.0f; };
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int dd = 2 * key_pair(ks, half, frag_t);
-      q_frag[ks][2 * half] = pack_half2(q_at(frag_group, dd), q_at(frag_group, dd + 1));
-      q_frag[ks][2 * half + 1] =
-          R > 8 ? pack_half2(q_at(frag_group + 8, dd), q_at(frag_group + 8, dd + 1)) : 0u;
+    for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dd = 2 * key_pair(ks, half, frag_t), row = 8 * qt + frag_group;
+        q_frag[ks][qt][half] = pack_half2(q_at(row, dd), q_at(row, dd + 1));
+      }
     }
   }
 }
@@ -335,17 +338,6 @@ auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32
     odd[i] = ((lo[i] >> VB) & LOW_CODES) | (hi[i] & ~LOW_CODES);
   }
 };
-// The A register of dim j (j = 2 mt or 2 mt + 1) for a pair of tokens.
-auto level_pair = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW],
-                      const uint32_t (&even)[GW], const uint32_t (&odd)[GW], int j) {
-  if constexpr (!VALUE_PAIR_TABLE) {
-    return v_pairs[code_at<VB>(lo, j)] | v_pairs[16 + code_at<VB>(hi, j)];
-  } else if constexpr (VALUE_FIELDS) {
-    return v_pairs[code_at<2 * VB>((j & 1) ? odd : even, j >> 1)];
-  } else {
-    return v_pairs[code_at<VB>(lo, j) | (code_at<VB>(hi, j) << VB)];
-  }
-};
 
 // One tile: up to 32 items (tokens, or exact items), one per lane for the scores;
 // then the values, 16 tokens a step on the tensor cores (VALUE_MMA, compressed tiles)
@@ -360,40 +352,59 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
   const int item = first + lane;
   const int n_items = min(32, end - first);
   if constexpr (!EXACT && KEY_MMA) {
-    // Raw key dots of the tile's tokens, 8 at a time: B's column `frag_group` is token
-    // 8 * nt + frag_group, its rows 2t, 2t + 1 (+ 8) one pair of codes each. Rows past
-    // n_items hold stale words; only their own columns see them, and nothing reads those.
-    for (int nt = 0; nt * 8 < n_items; ++nt) {
-      const uint32_t* key_codes = stage + (nt * 8 + frag_group) * RW;
+    // Raw key dots of the tile's tokens, 16 at a time: A's rows g and g + 8 are tokens
+    // 16 mt + g and 16 mt + g + 8, each register one pair of codes; C's columns are the
+    // query rows. Rows past n_items hold stale words; only their own rows of C see them,
+    // and nothing reads those.
+    for (int mt = 0; mt * 16 < n_items; ++mt) {
+      const int token = mt * 16 + frag_group;
+      const uint32_t* codes_lo = stage + token * RW;
+      const uint32_t* codes_hi = codes_lo + 8 * RW;
       // two accumulators, even and odd k steps: half as long a chain of dependent MMAs
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if constexpr (KEY_WORD_PAIRS) {
-        uint32_t w[KEY_LANE_WORDS];
+      float c[QT][4] = {}, c_odd[QT][4] = {};
+      auto mma_step = [&](int ks, const uint32_t (&a)[4]) {
 #pragma unroll
-        for (int i = 0; i < KEY_LANE_WORDS; ++i) w[i] = key_codes[frag_t * KEY_LANE_WORDS + i];
-        auto pair_levels = [&](int j) { return k_pairs[code_at<2 * KB>(w, j)]; };
+        for (int qt = 0; qt < QT; ++qt) {
+          mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, q_frag[ks][qt][0], q_frag[ks][qt][1]);
+        }
+      };
+      if constexpr (KEY_WORD_PAIRS) {
+        uint32_t w_lo[KEY_LANE_WORDS], w_hi[KEY_LANE_WORDS];
+#pragma unroll
+        for (int i = 0; i < KEY_LANE_WORDS; ++i) {
+          w_lo[i] = codes_lo[frag_t * KEY_LANE_WORDS + i];
+          w_hi[i] = codes_hi[frag_t * KEY_LANE_WORDS + i];
+        }
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          mma_16816(ks % 2 ? c_odd : c, q_frag[ks], pair_levels(2 * ks), pair_levels(2 * ks + 1));
+          const uint32_t a[4] = {k_pairs[code_at<2 * KB>(w_lo, 2 * ks)],
+                                 k_pairs[code_at<2 * KB>(w_hi, 2 * ks)],
+                                 k_pairs[code_at<2 * KB>(w_lo, 2 * ks + 1)],
+                                 k_pairs[code_at<2 * KB>(w_hi, 2 * ks + 1)]};
+          mma_step(ks, a);
         }
       } else {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t b0 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 0, frag_t))];
-          const uint32_t b1 = k_pairs[pair_code<KB>(key_codes, key_pair(ks, 1, frag_t))];
-          mma_16816(ks % 2 ? c_odd : c, q_frag[ks], b0, b1);
+          const int p0 = key_pair(ks, 0, frag_t), p1 = key_pair(ks, 1, frag_t);
+          const uint32_t a[4] = {k_pairs[pair_code<KB>(codes_lo, p0)],
+                                 k_pairs[pair_code<KB>(codes_hi, p0)],
+                                 k_pairs[pair_code<KB>(codes_lo, p1)],
+                                 k_pairs[pair_code<KB>(codes_hi, p1)]};
+          mma_step(ks, a);
         }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[i] += c_odd[i];
-      const int token = nt * 8 + 2 * frag_t;
-      if (frag_group < R) {
-        tile_dots[warp][token][frag_group] = c[0];
-        tile_dots[warp][token + 1][frag_group] = c[1];
-      }
-      if (R > 8 && frag_group + 8 < R) {
-        tile_dots[warp][token][frag_group + 8] = c[2];
-        tile_dots[warp][token + 1][frag_group + 8] = c[3];
+      for (int qt = 0; qt < QT; ++qt) {
+        const int r = 8 * qt + 2 * frag_t;
+        if (r < R) {
+          tile_dots[warp][token][r] = c[qt][0] + c_odd[qt][0];
+          tile_dots[warp][token + 8][r] = c[qt][2] + c_odd[qt][2];
+        }
+        if (r + 1 < R) {
+          tile_dots[warp][token][r + 1] = c[qt][1] + c_odd[qt][1];
+          tile_dots[warp][token + 8][r + 1] = c[qt][3] + c_odd[qt][3];
+        }
       }
     }
     __syncwarp();
@@ -536,22 +547,31 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         b0 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass))];
         b1 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass + 2))];
       }
-      uint32_t bits[4][GW], even[2][GW], odd[2][GW];
+      uint32_t bits[4][GW], even[2][GW], odd[2][GW], spread[4][2 * GW];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
                    bits[c]);
+        if constexpr (!VALUE_PAIR_TABLE) nibble_bytes(bits[c], spread[c]);
       }
       if constexpr (VALUE_FIELDS) {
         interleave(bits[0], bits[1], even[0], odd[0]);
         interleave(bits[2], bits[3], even[1], odd[1]);
       }
+      // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
+      auto level_pair = [&](int p, int j) -> uint32_t {
+        if constexpr (!VALUE_PAIR_TABLE) {
+          return v_pairs[nibble_at(spread[2 * p], j)] | v_pairs[16 + nibble_at(spread[2 * p + 1], j)];
+        } else if constexpr (VALUE_FIELDS) {
+          return v_pairs[code_at<2 * VB>((j & 1) ? odd[p] : even[p], j >> 1)];
+        } else {
+          return v_pairs[code_at<VB>(bits[2 * p], j) | (code_at<VB>(bits[2 * p + 1], j) << VB)];
+        }
+      };
 #pragma unroll
       for (int mt = 0; mt < D / 16; ++mt) {
-        const uint32_t a[4] = {level_pair(bits[0], bits[1], even[0], odd[0], 2 * mt),
-                               level_pair(bits[0], bits[1], even[0], odd[0], 2 * mt + 1),
-                               level_pair(bits[2], bits[3], even[1], odd[1], 2 * mt),
-                               level_pair(bits[2], bits[3], even[1], odd[1], 2 * mt + 1)};
+        const uint32_t a[4] = {level_pair(0, 2 * mt), level_pair(0, 2 * mt + 1),
+                               level_pair(1, 2 * mt), level_pair(1, 2 * mt + 1)};
         mma_16816(acc[mt], a, b0, b1);
       }
     }
