@@ -238,7 +238,8 @@ def test_calls_in_a_row_on_one_layer_agree(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
-@pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
+# turbo5v3: 5-bit keys, the widest on the tensor cores (a 1024-word table of pairs)
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo5v3"])
 def test_head_dims_and_dtypes(monkeypatch, D, dtype, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, D, dtype)
     q, view, mask = step_inputs(cache, 1, 2, 4, D, dtype)

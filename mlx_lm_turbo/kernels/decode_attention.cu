@@ -48,15 +48,17 @@ constexpr int NRG = (ROWS + R - 1) / R;
 constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
 constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 // Key scores on the tensor cores where a pair of key codes indexes a small table of
-// level pairs (2-4 bits) and a tile's whole rows fit the staging memory: each warp
-// multiplies 16 tokens' decoded keys at a time (A: every row of the MMA is a token) by
-// its query rows (B: fp16 fragments of 8 rows, kept in registers) instead of reading
-// every query value from shared memory per dim.
+// level pairs (2-5 bits: 5-bit pairs are 1024 words, 6-bit ones would be 4096) and a
+// tile's whole rows and that table fit the staging memory: each warp multiplies 16
+// tokens' decoded keys at a time (A: every row of the MMA is a token) by its query
+// rows (B: fp16 fragments of 8 rows, kept in registers) instead of reading every
+// query value from shared memory per dim.
 // fp16 tensor-core math only for fp16/bf16 models: a float32 model keeps float32 scores.
 constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
-constexpr bool KEY_MMA =
-    HALF_MATH && KB >= 2 && KB <= 4 && D % 16 == 0 && NW * 32 * RW * 4 <= 36 * 1024;
+constexpr int KEY_PAIR_BYTES = KB >= 2 && KB <= 5 ? 4 << (2 * KB) : 0;
+constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
+                         NW * 32 * RW * 4 + KEY_PAIR_BYTES <= 36 * 1024;
 // The value sum on the tensor cores too (O^T += V^T P^T per 16 tokens): lane group g
 // (lane / 4) holds dims GD * g .. GD * (g + 1) - 1 of each token, so its value codes are
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
@@ -82,9 +84,12 @@ constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
 // The second buffer counts against the 48 KiB of static shared memory with the
-// query rows and the tile's scores and weights, which grow with R.
-constexpr int NBUF =
-    2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) <= 46 * 1024 ? 2 : 1;
+// query rows, the tile's scores and weights, which grow with R, and the key pairs.
+constexpr int NBUF = 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
+                                 (KEY_MMA ? KEY_PAIR_BYTES : 0) <=
+                             46 * 1024
+                         ? 2
+                         : 1;
 
 // Sizes come with the arrays, so no per-call scalars need uploading.
 constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
@@ -124,7 +129,7 @@ constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
 __shared__ __align__(16) uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
 auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
 // KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots.
-__shared__ uint32_t k_pairs[KEY_MMA ? 1 << (2 * KB) : 1];
+__shared__ uint32_t k_pairs[KEY_MMA ? KEY_PAIR_BYTES / 4 : 1];
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
