@@ -13,7 +13,8 @@ what was allocated before the first chunk (caches included, as they grow).
 
     python benchmarks/decode_attention.py [--contexts 4096 16384 65536] [--layers 8]
         [--schemes turbo4] [--steps 4] [--prefill 16384 --chunk 2048]
-        [--blocks 512 1024 2048 4096] [--recent-exact 1 32] [--out results.md]
+        [--blocks 512 1024 2048 4096] [--recent-exact 1 32] [--rounds 5]
+        [--out results.md]
 
 A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
 the portable path where the fused kernel would run, in the same run). ``--recent-exact``
@@ -28,6 +29,7 @@ import io
 import os
 import platform
 import pstats
+import statistics
 import subprocess
 import time
 
@@ -211,6 +213,19 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, warm_up=Tr
     )
 
 
+def round_medians(rounds):
+    """``decode_steps``' results over rounds: the median of each time, the largest of
+    each peak."""
+    seconds, host, peak, pipelined, pipelined_peak = zip(*rounds)
+    return (
+        statistics.median(seconds),
+        statistics.median(host),
+        max(peak),
+        statistics.median(pipelined),
+        max(pipelined_peak),
+    )
+
+
 def cache_maker(name):
     """What builds one layer's cache for a run named ``fp16`` or ``SCHEME[:MODE][ WN]``
     (sets the kernel mode for the run)."""
@@ -276,6 +291,13 @@ def main():
         action="store_true",
         help="also profile the host side of each cache's steps at the last context",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="decode rounds per cache, the caches taking turns (medians reported): "
+        "one step at a time, a step's time follows the host's, which drifts",
+    )
     add_recent_exact_argument(parser)
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
@@ -299,7 +321,11 @@ def main():
     default_block = attention.DECODE_BLOCK_TOKENS
     if args.contexts:
         emit()
-        emit(f"Decode ({args.steps} steps after a warm-up)")
+        emit(
+            f"Decode ({args.steps} steps after a warm-up"
+            + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
+            + ")"
+        )
         emit()
         emit(
             "| cache | context | block | ms/step | speed vs fp16 | host ms/step | "
@@ -309,30 +335,45 @@ def main():
         emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     for context in args.contexts:
-        fp16_seconds = fp16_pipelined = None
         runs = [("fp16", None)] + [
             (s, b) for s in schemes for b in (args.blocks or [default_block])
         ]
+        caches = {}
         for name, block in runs:
-            make = cache_maker(name)
-            attention.DECODE_BLOCK_TOKENS = block or default_block
-            caches = filled_caches(
-                make, args.layers, context, args.kv_heads, args.head_dim
+            caches[name, block] = filled_caches(
+                cache_maker(name), args.layers, context, args.kv_heads, args.head_dim
             )
-            seconds, host, peak, pipelined, pipelined_peak = decode_steps(
-                caches, args.steps, args.q_heads, args.kv_heads, args.head_dim
+        results = {run: [] for run in runs}
+        for round_ in range(args.rounds):
+            # each round starts one cache later, so none always runs first
+            for name, block in runs[round_ % len(runs) :] + runs[: round_ % len(runs)]:
+                cache_maker(name)  # its kernel mode
+                attention.DECODE_BLOCK_TOKENS = block or default_block
+                results[name, block].append(
+                    decode_steps(
+                        caches[name, block],
+                        args.steps,
+                        args.q_heads,
+                        args.kv_heads,
+                        args.head_dim,
+                    )
+                )
+        fp16_seconds, _, _, fp16_pipelined, _ = round_medians(results[runs[0]])
+        for name, block in runs:
+            seconds, host, peak, pipelined, pipelined_peak = round_medians(
+                results[name, block]
             )
             if args.profile and context == args.contexts[-1]:
-                profiles.append((name, host_profile(caches, args)))
-            size = cache_bytes(caches)
-            fp16_seconds = fp16_seconds or seconds
-            fp16_pipelined = fp16_pipelined or pipelined
+                cache_maker(name)
+                attention.DECODE_BLOCK_TOKENS = block or default_block
+                profiles.append((name, host_profile(caches[name, block], args)))
+            size = cache_bytes(caches[name, block])
             emit(
                 f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
                 f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x | "
                 f"{pipelined * 1e3:.2f} | {fp16_pipelined / pipelined:.2f}x | {pipelined_peak / 2**20:.1f} |"
             )
-            del caches
+        del caches
     attention.DECODE_BLOCK_TOKENS = default_block
     for name, text in profiles:
         emit()
