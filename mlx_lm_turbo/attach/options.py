@@ -23,7 +23,8 @@ def add_options(parser):
     group.add_argument(
         "--kv-scheme",
         help="compress the KV cache with TurboQuant: turbo4, turbo3, turbo2, turbo8, turbo4v2 "
-        "(4-bit keys, 2-bit values), turbo0v4 (fp16 keys), ... or none "
+        "(4-bit keys, 2-bit values), turbo5v3 (turbo4's bits, less error), turbo0v4 "
+        "(fp16 keys), ... or none "
         f"(default: ${ENV_SCHEME}, else none)",
     )
     group.add_argument(
