@@ -319,6 +319,12 @@ def main():
         f"{attention.PREFILL_BLOCK_SCORES} scores"
     )
     default_block = attention.DECODE_BLOCK_TOKENS
+
+    def start_run(name, block):
+        """A run's cache maker, with its kernel mode and decode block in force."""
+        attention.DECODE_BLOCK_TOKENS = block or default_block
+        return cache_maker(name)
+
     if args.contexts:
         emit()
         emit(
@@ -341,14 +347,17 @@ def main():
         caches = {}
         for name, block in runs:
             caches[name, block] = filled_caches(
-                cache_maker(name), args.layers, context, args.kv_heads, args.head_dim
+                start_run(name, block),
+                args.layers,
+                context,
+                args.kv_heads,
+                args.head_dim,
             )
         results = {run: [] for run in runs}
         for round_ in range(args.rounds):
             # each round starts one cache later, so none always runs first
             for name, block in runs[round_ % len(runs) :] + runs[: round_ % len(runs)]:
-                cache_maker(name)  # its kernel mode
-                attention.DECODE_BLOCK_TOKENS = block or default_block
+                start_run(name, block)
                 results[name, block].append(
                     decode_steps(
                         caches[name, block],
@@ -364,8 +373,7 @@ def main():
                 results[name, block]
             )
             if args.profile and context == args.contexts[-1]:
-                cache_maker(name)
-                attention.DECODE_BLOCK_TOKENS = block or default_block
+                start_run(name, block)
                 profiles.append((name, host_profile(caches[name, block], args)))
             size = cache_bytes(caches[name, block])
             emit(
