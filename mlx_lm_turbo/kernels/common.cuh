@@ -61,24 +61,6 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t (&w)[N], int j) {
   return v & ((1u << BITS) - 1u);
 }
 
-// 4-bit codes spread to bytes: word 2i of `out` holds the even codes of w[i], word
-// 2i + 1 the odd ones, each in a byte of its own, so that nibble_at reads a code with
-// one byte permute instead of a shift and a mask (3 operations a word, 8 codes).
-template <int N>
-__device__ __forceinline__ void nibble_bytes(const uint32_t (&w)[N], uint32_t (&out)[2 * N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    out[2 * i] = w[i] & 0x0f0f0f0fu;
-    out[2 * i + 1] = (w[i] >> 4) & 0x0f0f0f0fu;
-  }
-}
-
-// Code j of the 4-bit codes nibble_bytes spread.
-template <int N>
-__device__ __forceinline__ uint32_t nibble_at(const uint32_t (&spread)[N], int j) {
-  return __byte_perm(spread[2 * (j >> 3) + (j & 1)], 0u, 0x4440 | ((j >> 1) & 3));
-}
-
 // The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
 // from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
 // followed by more of the row, so reading the next word stays inside it).

@@ -112,11 +112,11 @@ __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broad
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA) as a table of
 // level pairs indexed by two codes (VB <= 3: at most 64 words, two to a bank); for
-// VB = 4 the 256 pairs would collide in banks (measured: 2.9-way), so two 16-word
-// tables, a level in the low half and in the high half, in distinct banks, OR'd.
+// VB = 4 the 256 pairs would collide in banks (measured: 2.9-way), so each lane holds
+// one level and a code reads it by a warp shuffle (v_lane, below).
 constexpr bool VALUE_PAIR_TABLE = VB <= 3;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
-__shared__ uint32_t v_pairs[VALUE_MMA ? (VALUE_PAIR_TABLE ? 1 << (2 * VB) : 32) : 1];
+__shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
 // tiles' B fragments read them, rows 17 words apart (distinct banks).
@@ -154,13 +154,16 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
   for (int j = threadIdx.x; j < (1 << (2 * VB)); j += THREADS) {
     v_pairs[j] = pack_half2(v_levels_in[j & ((1 << VB) - 1)], v_levels_in[j >> VB]);
   }
-} else if constexpr (VALUE_MMA) {
-  for (int j = threadIdx.x; j < 16; j += THREADS) {
-    v_pairs[j] = pack_half2(v_levels_in[j], 0.0f);
-    v_pairs[16 + j] = pack_half2(0.0f, v_levels_in[j]);
-  }
-} else {
+} else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
+}
+// VB = 4 on the tensor cores: lanes i and i + 16 hold level i in both halves; a
+// shuffle reads only bits 0-4 of its source lane, so a word shifted to a code at
+// bit 0 indexes the level with no mask.
+uint32_t v_lane = 0u;
+if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
+  const float level = v_levels_in[lane & 15];
+  v_lane = pack_half2(level, level);
 }
 if constexpr (KEY_MMA) {
   for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
@@ -552,12 +555,11 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         b0 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass))];
         b1 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass + 2))];
       }
-      uint32_t bits[4][GW], even[2][GW], odd[2][GW], spread[4][2 * GW];
+      uint32_t bits[4][GW], even[2][GW], odd[2][GW];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
                    bits[c]);
-        if constexpr (!VALUE_PAIR_TABLE) nibble_bytes(bits[c], spread[c]);
       }
       if constexpr (VALUE_FIELDS) {
         interleave(bits[0], bits[1], even[0], odd[0]);
@@ -566,7 +568,10 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
       auto level_pair = [&](int p, int j) -> uint32_t {
         if constexpr (!VALUE_PAIR_TABLE) {
-          return v_pairs[nibble_at(spread[2 * p], j)] | v_pairs[16 + nibble_at(spread[2 * p + 1], j)];
+          const int shift = 4 * (j & 7);
+          const uint32_t lo = __shfl_sync(FULL_MASK, v_lane, bits[2 * p][j >> 3] >> shift);
+          const uint32_t hi = __shfl_sync(FULL_MASK, v_lane, bits[2 * p + 1][j >> 3] >> shift);
+          return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
         } else if constexpr (VALUE_FIELDS) {
           return v_pairs[code_at<2 * VB>((j & 1) ? odd[p] : even[p], j >> 1)];
         } else {
