@@ -7,14 +7,6 @@ the parsed ``--kv-scheme`` options travel here rather than through calls.
 from dataclasses import dataclass
 from typing import Optional
 
-# The scheme the tools use where none is named, and the README's first choice: turbo4's
-# bits all in, with 5-bit keys and 3-bit values (attention's scores need the keys'
-# precision more than its output the values'). Against turbo4 over 512 steps, 0.36-0.55x
-# of its KL on both real models, perplexity +0.1-1.2% of fp16's where turbo4 had up to
-# +3.5%, needles 54 of the 58 fp16 found where turbo4 found 49
-# (benchmarks/results/key_bits_turbo5v3_h200_5aa8560.md, needles_4trials_h200_6d59c55.md);
-# on the H200 its decode kernel takes 1.07-1.13x of turbo4's time.
-DEFAULT_SCHEME = "turbo5v3"
 # The defaults users get (benchmarks/results/default_window_h200_ada1b0a.md): on both
 # real models at 4K and 16K, 15 exact recent tokens and no boundary layers gave turbo4
 # 1.8-7x lower KL at 0.5-1.2 fewer bits all in than 8-bit boundary layers without the

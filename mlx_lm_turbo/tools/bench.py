@@ -41,7 +41,6 @@ DEFAULT_CACHES = (
     "affine3",
     "affine2",
     "turbo8",
-    "turbo5v3",
     "turbo4",
     "turbo3",
     "turbo2",

@@ -13,7 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_SCHEME
+from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
@@ -46,8 +46,8 @@ def main(argv=None):
     parser.add_argument(
         "--schemes",
         nargs="+",
-        default=[DEFAULT_SCHEME, "turbo3"],
-        help=f"TurboQuant schemes to compare with fp16 (default: {DEFAULT_SCHEME} turbo3)",
+        default=["turbo4", "turbo3"],
+        help="TurboQuant schemes to compare with fp16 (default: turbo4 turbo3)",
     )
     parser.add_argument("--max-tokens", type=int, default=60)
     parser.add_argument(

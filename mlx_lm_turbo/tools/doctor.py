@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_SCHEME
+from ..settings import DEFAULT_BOUNDARY_SKIP
 
 
 def _autoload_status():
@@ -125,9 +125,7 @@ def main(argv=None):
         "--model", help="an mlx-lm model directory or repo id to plan for"
     )
     parser.add_argument(
-        "--kv-scheme",
-        default=DEFAULT_SCHEME,
-        help=f"the scheme to plan for (default: {DEFAULT_SCHEME})",
+        "--kv-scheme", default="turbo4", help="the scheme to plan for (default: turbo4)"
     )
     parser.add_argument(
         "--turbo-boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP

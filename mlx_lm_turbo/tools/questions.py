@@ -25,11 +25,11 @@ from ..attach.preflight import load_model
 from ..codec.codec import KEY_CALIBRATIONS
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_SCHEME
+from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"
-DEFAULT_SCHEMES = (DEFAULT_SCHEME, "turbo4", "turbo3", "turbo4v2", "turbo8")
+DEFAULT_SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo8")
 DEFAULT_MAX_TOKENS = 24
 
 
