@@ -461,9 +461,9 @@ def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
             flipped = (mine != theirs).astype(mx.float32).mean().item()
             assert flipped < 0.01, f"{flipped:.2%} of the {name}' words differ"
         else:
-            worst = mx.abs(mine - theirs).astype(mx.float32).max().item()
             assert mx.allclose(mine, theirs, rtol=2e-3, atol=1e-3).item(), (
-                f"{name} differ by up to {worst:.3g}"
+                f"{name} differ by up to "
+                f"{mx.abs(mine - theirs).astype(mx.float32).max().item():.3g}"
             )
     # What matters downstream: the decoded vectors agree.
     decoded, expected = codec.decode(fused), codec.decode(stored)

@@ -166,7 +166,7 @@ if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
   v_lane = pack_half2(level, level);
 }
 if constexpr (KEY_MMA) {
-  for (int j = threadIdx.x; j < (1 << (2 * KB)); j += THREADS) {
+  for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
     k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
   }
 }
