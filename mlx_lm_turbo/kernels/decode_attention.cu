@@ -110,11 +110,12 @@ const int first_query = n_tokens - L;  // position of query row i is first_query
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
-// The value levels: float, or fp16 for the tensor cores (VALUE_MMA) as a table of
-// level pairs indexed by two codes (VB <= 3: at most 64 words, two to a bank); for
-// VB = 4 the 256 pairs would collide in banks (measured: 2.9-way), so each lane holds
-// one level and a code reads it by a warp shuffle (v_lane, below).
-constexpr bool VALUE_PAIR_TABLE = VB <= 3;
+// The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
+// of the 16 level pairs of two codes (one read per A register); for VB = 3, 4 each lane
+// holds one level and a code reads it by a warp shuffle (v_lane, below): 4-bit pairs
+// collided in the banks (2.9-way), and a 3-bit pair's index took more instructions
+// than two shuffles.
+constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
 __shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
@@ -157,12 +158,12 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
 } else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 }
-// VB = 4 on the tensor cores: lanes i and i + 16 hold level i in both halves; a
-// shuffle reads only bits 0-4 of its source lane, so a word shifted to a code at
-// bit 0 indexes the level with no mask.
+// VB = 3, 4 on the tensor cores: lane i holds level i mod 2^VB in both halves; a
+// shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0 indexes
+// its level with no mask (the bits above it pick a copy of the same level).
 uint32_t v_lane = 0u;
 if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
-  const float level = v_levels_in[lane & 15];
+  const float level = v_levels_in[lane & ((1 << VB) - 1)];
   v_lane = pack_half2(level, level);
 }
 if constexpr (KEY_MMA) {
@@ -336,7 +337,6 @@ auto pair_word = [](int token) {
 };
 // 2-bit values: two tokens' codes of dims 2i and 2i + 1 side by side (a 4-bit field
 // per pair, in `even` and `odd`), so a pair's table index is one field.
-constexpr bool VALUE_FIELDS = VB == 2;
 constexpr uint32_t LOW_CODES = 0x33333333u;
 auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
                       uint32_t (&odd)[GW]) {
@@ -561,21 +561,18 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
                    bits[c]);
       }
-      if constexpr (VALUE_FIELDS) {
+      if constexpr (VALUE_PAIR_TABLE) {
         interleave(bits[0], bits[1], even[0], odd[0]);
         interleave(bits[2], bits[3], even[1], odd[1]);
       }
       // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
       auto level_pair = [&](int p, int j) -> uint32_t {
         if constexpr (!VALUE_PAIR_TABLE) {
-          const int shift = 4 * (j & 7);
-          const uint32_t lo = __shfl_sync(FULL_MASK, v_lane, bits[2 * p][j >> 3] >> shift);
-          const uint32_t hi = __shfl_sync(FULL_MASK, v_lane, bits[2 * p + 1][j >> 3] >> shift);
+          const uint32_t lo = __shfl_sync(FULL_MASK, v_lane, code_low<VB>(bits[2 * p], j));
+          const uint32_t hi = __shfl_sync(FULL_MASK, v_lane, code_low<VB>(bits[2 * p + 1], j));
           return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
-        } else if constexpr (VALUE_FIELDS) {
-          return v_pairs[code_at<2 * VB>((j & 1) ? odd[p] : even[p], j >> 1)];
         } else {
-          return v_pairs[code_at<VB>(bits[2 * p], j) | (code_at<VB>(bits[2 * p + 1], j) << VB)];
+          return v_pairs[code_at<2 * VB>((j & 1) ? odd[p] : even[p], j >> 1)];
         }
       };
 #pragma unroll
