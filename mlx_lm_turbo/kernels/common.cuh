@@ -61,9 +61,6 @@ __device__ __forceinline__ uint32_t code_at(const uint32_t (&w)[N], int j) {
   return v & ((1u << BITS) - 1u);
 }
 
-// The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
-// from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
-// followed by more of the row, so reading the next word stays inside it).
 // Code j of a BITS-bit code stream at bit 0, the bits above it whatever follows in the
 // stream (for a shuffle's source lane, of which only bits 0-4 count): one shift, or one
 // funnel shift where the code straddles two words.
@@ -74,6 +71,9 @@ __device__ __forceinline__ uint32_t code_low(const uint32_t (&w)[N], int j) {
   return w[word] >> shift;
 }
 
+// The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
+// from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
+// followed by more of the row, so reading the next word stays inside it).
 template <int BITS>
 __device__ __forceinline__ uint32_t pair_code(const uint32_t* stream, int p) {
   const int bit = p * 2 * BITS, word = bit >> 5, shift = bit & 31;
