@@ -71,6 +71,24 @@ __device__ __forceinline__ uint32_t code_low(const uint32_t (&w)[N], int j) {
   return w[word] >> shift;
 }
 
+// Code j of a run of BITS-bit codes times 4: a word's byte offset in a table indexed by
+// the code. One shift (or funnel shift) and a mask, which the caller's OR joins.
+template <int BITS, int N>
+__device__ __forceinline__ uint32_t code_bytes(const uint32_t (&w)[N], int j) {
+  const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
+  constexpr uint32_t MASK = ((1u << BITS) - 1u) << 2;
+  if (shift + BITS > 32 && word + 1 < N) return __funnelshift_r(w[word], w[word + 1], shift - 2) & MASK;
+  return (shift >= 2 ? w[word] >> (shift - 2) : w[word] << (2 - shift)) & MASK;
+}
+
+// A word of shared memory at a 32-bit shared address (the compiler would add a generic
+// pointer's base instead of taking an address built by OR).
+__device__ __forceinline__ uint32_t load_shared(uint32_t address) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address));
+  return v;
+}
+
 // The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
 // from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
 // followed by more of the row, so reading the next word stays inside it).

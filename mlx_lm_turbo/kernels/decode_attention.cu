@@ -129,8 +129,13 @@ __shared__ float warp_m[NW][R], warp_l[NW][R];
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
 __shared__ __align__(16) uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
 auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
-// KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots.
-__shared__ uint32_t k_pairs[KEY_MMA ? KEY_PAIR_BYTES / 4 : 1];
+// KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots. For
+// 2- and 3-bit keys (KEY_PAIR_OR) the table is aligned to its size, so an entry's shared
+// address is the table's OR the code's byte offset: one LOP3 with the mask, where adding
+// it cost another instruction (5-bit keys' 4 KiB table would cost padding instead).
+constexpr bool KEY_PAIR_OR = KEY_MMA && KB <= 3;
+__shared__ __align__(KEY_PAIR_OR ? KEY_PAIR_BYTES : 4) uint32_t k_pairs[KEY_MMA ? KEY_PAIR_BYTES / 4 : 1];
+const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pairs));
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
@@ -383,12 +388,17 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
           w_lo[i] = codes_lo[frag_t * KEY_LANE_WORDS + i];
           w_hi[i] = codes_hi[frag_t * KEY_LANE_WORDS + i];
         }
+        auto level_pair = [&](const uint32_t (&w)[KEY_LANE_WORDS], int j) {
+          if constexpr (KEY_PAIR_OR) {
+            return load_shared(k_pairs_at | code_bytes<2 * KB>(w, j));
+          } else {
+            return k_pairs[code_at<2 * KB>(w, j)];  // 4-bit keys: one permute and an add
+          }
+        };
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          const uint32_t a[4] = {k_pairs[code_at<2 * KB>(w_lo, 2 * ks)],
-                                 k_pairs[code_at<2 * KB>(w_hi, 2 * ks)],
-                                 k_pairs[code_at<2 * KB>(w_lo, 2 * ks + 1)],
-                                 k_pairs[code_at<2 * KB>(w_hi, 2 * ks + 1)]};
+          const uint32_t a[4] = {level_pair(w_lo, 2 * ks), level_pair(w_hi, 2 * ks),
+                                 level_pair(w_lo, 2 * ks + 1), level_pair(w_hi, 2 * ks + 1)};
           mma_step(ks, a);
         }
       } else {
