@@ -5,8 +5,8 @@ hands MLX, and a whole decode layer (cache update + attention) against mlx-lm's
 KVCache. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
 ``mx.fast.cuda_kernel`` call alone with the same arguments, and a kernel of an empty
 body with as many inputs and template values (also without the template values, and
-its binary from MLX's kernel cache called through ``mx.fast.precompiled_cuda_kernel``,
-which has no source to assemble per call), or with one of each.
+as hand-written PTX through ``mx.fast.precompiled_cuda_kernel``, which has no source to
+assemble per call), or with one of each.
 
 ``--stub-kernels`` runs anywhere (CPU included): ``mx.fast.cuda_kernel`` is replaced by
 a stand-in returning zeroed outputs and the kernels' layer check passes, so what is
@@ -17,10 +17,7 @@ cost of a custom-kernel call (the rows that measure that are left out).
 """
 
 import argparse
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models import base as mlx_base
@@ -61,18 +58,14 @@ def stub_kernels():
     decode_attention.gpu_backend = encode.gpu_backend = lambda: "cuda"
 
 
-def compiled_module(prefix):
-    """(binary, mangled kernel name) of a module MLX-CUDA compiled and cached
-    (``MLX_PTX_CACHE_DIR``, else its default under the temp directory), or None."""
-    cache = os.environ.get("MLX_PTX_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "mlx", mx.__version__, "ptx"
-    )
-    for path in sorted(Path(cache).glob(prefix + "*.ptx")):
-        names = path.with_suffix(".txt").read_text().split("\n")[0].split("\t")
-        if len(names) == 2:
-            return path.read_bytes(), names[1]
-    print(f"(no module {prefix}* in {cache}: the precompiled row is left out)")
-    return None
+def empty_ptx(name, n_params):
+    """PTX of a kernel that takes n_params pointers and does nothing (for
+    ``mx.fast.precompiled_cuda_kernel``, which loads PTX or a cubin as it is)."""
+    params = ", ".join(f".param .u64 p{i}" for i in range(n_params))
+    return (
+        f".version 8.0\n.target sm_80\n.address_size 64\n"
+        f".visible .entry {name}({params})\n{{\n  ret;\n}}\n\0"
+    ).encode()
 
 
 def main():
@@ -157,17 +150,20 @@ def main():
         "the same, no template values",
         lambda: empty(**{**arguments, "template": []}),
     )
-    compiled = compiled_module("custom_kernel_empty_")
-    if compiled is not None:
-        binary, mangled = compiled
-        precompiled = {k: v for k, v in arguments.items() if k != "template"}
-        per_call(
-            f"the same through mx.fast.precompiled_cuda_kernel (its {len(binary)}-byte "
-            "binary from MLX's cache)",
-            lambda: mx.fast.precompiled_cuda_kernel(
-                name=mangled, compiled_source=binary, scalars=[], **precompiled
-            ),
+    precompiled = {k: v for k, v in arguments.items() if k != "template"}
+    n_params = len(arguments["inputs"]) + len(arguments["output_shapes"])
+    binary = empty_ptx("empty_ptx", n_params)
+    mx.eval(
+        mx.fast.precompiled_cuda_kernel(
+            name="empty_ptx", compiled_source=binary, scalars=[], **precompiled
         )
+    )
+    per_call(
+        "the same as PTX through mx.fast.precompiled_cuda_kernel",
+        lambda: mx.fast.precompiled_cuda_kernel(
+            name="empty_ptx", compiled_source=binary, scalars=[], **precompiled
+        ),
+    )
     tiny = mx.fast.cuda_kernel(
         name="empty1", input_names=["q"], output_names=["out"], source=""
     )
