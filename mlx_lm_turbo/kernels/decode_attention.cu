@@ -64,7 +64,7 @@ constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
 constexpr bool VALUE_MMA = HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= 128 && R <= 8;
 constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, words per group
-// A register of A holds one dim's levels for two tokens (read from v_pairs, below).
+// A register of A holds one dim's levels for two tokens (v_pairs or shuffles, below).
 // Where each group's bits are whole words (VGW > 0), the k slots' tokens are permuted
 // so that a warp's reads of value words and of packed weights hit distinct banks (rows
 // of an odd word count); pairs of slots are tokens PAIR_DELTA apart.
