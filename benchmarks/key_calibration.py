@@ -67,28 +67,43 @@ def with_sink_tokens(cache, n):
     return cache
 
 
-def query_key_energies(model, tokens):
+def query_key_energies(model, tokens, chunk=2048):
     """Per attention layer, (E[k_c^2] of the centred keys (H, D), E[q_c^2] (H, D)) over
-    these tokens, from one uncompressed pass (the model's attention calls, in order)."""
+    these tokens, from one uncompressed pass in chunks (the model's attention calls, in
+    order; one 16K-token call without a cache stopped MLX-CUDA with a floating-point
+    exception)."""
     module = sys.modules[type(model).__module__]
     attention = module.scaled_dot_product_attention
-    energies = []
+    sums = {}  # layer -> [sum k, sum k^2, sum q^2 / group, tokens]
+    calls = []
 
     def capture(queries, keys, values, *args, **kwargs):
-        q, k = queries.astype(mx.float32), keys.astype(mx.float32)
-        B, n_q, L, D = q.shape
-        k = k - k.mean(axis=2, keepdims=True)
-        eq = (
-            (q * q).reshape(B, k.shape[1], n_q // k.shape[1], L, D).mean(axis=(0, 2, 3))
+        layer = len(calls) % len(model.layers)
+        L = queries.shape[2]
+        q, k = queries.astype(mx.float32), keys[:, :, -L:].astype(mx.float32)
+        B, n_q, _, D = q.shape
+        H = k.shape[1]
+        q2 = (q * q).reshape(B, H, n_q // H, L, D).sum(axis=(0, 3)).mean(axis=1)
+        parts = (k.sum(axis=(0, 2)), (k * k).sum(axis=(0, 2)), q2, B * L)
+        sums[layer] = (
+            [a + b for a, b in zip(sums[layer], parts)] if layer in sums else parts
         )
-        energies.append(((k * k).mean(axis=(0, 2)), eq))
+        calls.append(layer)
         return attention(queries, keys, values, *args, **kwargs)
 
     module.scaled_dot_product_attention = capture
+    cache = mlx_make_prompt_cache(model)
     try:
-        mx.eval(model(tokens[None]))
+        for i in range(0, tokens.size, chunk):
+            mx.eval(model(tokens[None, i : i + chunk], cache=cache))
+            mx.eval(list(sums.values()))
     finally:
         module.scaled_dot_product_attention = attention
+    energies = []
+    for layer in sorted(sums):
+        k_sum, k2_sum, q2_sum, n = sums[layer]
+        mean = k_sum / n
+        energies.append((k2_sum / n - mean * mean, q2_sum / n))
     return energies
 
 
