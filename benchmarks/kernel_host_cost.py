@@ -4,9 +4,9 @@ written (comments, indentation) instead of the stripped one ``kernels.dispatch.s
 hands MLX, and a whole decode layer (cache update + attention) against mlx-lm's
 KVCache. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
 ``mx.fast.cuda_kernel`` call alone with the same arguments, and a kernel of an empty
-body with as many inputs and template values (also without the template values, and
-as hand-written PTX through ``mx.fast.precompiled_cuda_kernel``, which has no source to
-assemble per call), or with one of each.
+body with as many inputs and template values (also without the template values, inside
+``mx.compile``, and as hand-written PTX through ``mx.fast.precompiled_cuda_kernel``, which
+has no source to assemble per call), or with one of each.
 
 ``--stub-kernels`` runs anywhere (CPU included): ``mx.fast.cuda_kernel`` is replaced by
 a stand-in returning zeroed outputs and the kernels' layer check passes, so what is
@@ -149,6 +149,13 @@ def main():
     per_call(
         "the same, no template values",
         lambda: empty(**{**arguments, "template": []}),
+    )
+    options = {k: v for k, v in arguments.items() if k != "inputs"}
+    compiled = mx.compile(lambda *inputs: empty(inputs=list(inputs), **options))
+    mx.eval(compiled(*arguments["inputs"]))
+    per_call(
+        "the same inside mx.compile (replayed at the same shapes)",
+        lambda: compiled(*arguments["inputs"]),
     )
     precompiled = {k: v for k, v in arguments.items() if k != "template"}
     n_params = len(arguments["inputs"]) + len(arguments["output_shapes"])
