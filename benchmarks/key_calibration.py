@@ -1,9 +1,9 @@
 """Which key calibration and how many exact sink tokens to use by default: measured
 on the real model.
 
-For each scheme, calibration (none / center / center+scale) and number of first
-tokens kept exact (``TurboQuantKVCache.sink_tokens``), prefill a slice of
-Pride and Prejudice in one chunk, then decode the following tokens one at a time
+For each scheme, calibration (none / center / center+scale / center+query) and
+number of first tokens kept exact (``TurboQuantKVCache.sink_tokens``), prefill a
+slice of Pride and Prejudice in one chunk, then decode the following tokens one at a time
 (teacher-forced), and compare next-token distributions with an fp16 cache.
 mlx-lm's affine 4-bit cache (prefilled in fp16, then quantized, as --kv-bits runs)
 is the reference point.
@@ -17,16 +17,10 @@ before it exactly (``make_prompt_cache(..., recent_exact=W)``: the caches keep e
 copies of the last W - 1 tokens in the model's dtype, counted in the bits like the
 sink tokens).
 
-``--query-scale sinks|prompt`` tries another: each channel of the keys divided by
-``s_c = (E[k_c^2] / E[q_c^2]) ** (1/4)`` (the query multiplied by it, so scores are
-unchanged in exact arithmetic), averaged over each RoPE pair of channels and normalised
-to unit mean square. A rotated key's quantization error is spread evenly over its
-channels, so a score's error variance goes as ``sum(E[k_c^2] / s_c^2) * sum(E[q_c^2] *
-s_c^2)``, which this ``s`` minimises (``center+scale``'s ``s_c = spread of k_c`` ignores
-the query). The energies come from an uncompressed pass over the sink tokens
-(``sinks``: the ones a cache could calibrate on) or the whole prefill (``prompt``);
-the measured scale replaces the cache's own at its calibration (an experiment: the
-caches cannot see queries when they calibrate).
+``center+query`` (the default since it won this comparison: results/
+query_scale_gemma3_h200_495a544.md, measured then with an uncompressed pass's energies
+in place of the caches' own) scales each key channel by the sink tokens' keys and
+queries (``codec.KEY_CALIBRATIONS``).
 """
 
 import argparse
@@ -45,7 +39,6 @@ from mlx_lm_turbo import (
     TurboQuantKVCache,
     make_prompt_cache,
 )
-from mlx_lm_turbo.cache.cache import _TurboCache
 from mlx_lm_turbo.codec.codec import KEY_CALIBRATIONS
 from mlx_lm_turbo.codec.schemes import parse_scheme
 from mlx_lm_turbo.tools.allocate import all_in_bits as allocated_bits
@@ -64,77 +57,6 @@ def with_sink_tokens(cache, n):
     for c in cache:
         if isinstance(c, TurboQuantKVCache):  # sliding-window caches keep none
             c.sink_tokens = n
-    return cache
-
-
-def query_key_energies(model, tokens, chunk=2048):
-    """Per attention layer, (E[k_c^2] of the centred keys (H, D), E[q_c^2] (H, D)) over
-    these tokens, from one uncompressed pass in chunks (the model's attention calls, in
-    order; one 16K-token call without a cache stopped MLX-CUDA with a floating-point
-    exception)."""
-    module = sys.modules[type(model).__module__]
-    attention = module.scaled_dot_product_attention
-    sums = {}  # layer -> [sum k, sum k^2, sum q^2 / group, tokens]
-    calls = []
-
-    def capture(queries, keys, values, *args, **kwargs):
-        layer = len(calls) % len(model.layers)
-        L = queries.shape[2]
-        q, k = queries.astype(mx.float32), keys[:, :, -L:].astype(mx.float32)
-        B, n_q, _, D = q.shape
-        H = k.shape[1]
-        q2 = (q * q).reshape(B, H, n_q // H, L, D).sum(axis=(0, 3)).mean(axis=1)
-        parts = (k.sum(axis=(0, 2)), (k * k).sum(axis=(0, 2)), q2, B * L)
-        sums[layer] = (
-            [a + b for a, b in zip(sums[layer], parts)] if layer in sums else parts
-        )
-        calls.append(layer)
-        return attention(queries, keys, values, *args, **kwargs)
-
-    module.scaled_dot_product_attention = capture
-    cache = mlx_make_prompt_cache(model)
-    try:
-        for i in range(0, tokens.size, chunk):
-            mx.eval(model(tokens[None, i : i + chunk], cache=cache))
-            mx.eval(list(sums.values()))
-    finally:
-        module.scaled_dot_product_attention = attention
-    energies = []
-    for layer in sorted(sums):
-        k_sum, k2_sum, q2_sum, n = sums[layer]
-        mean = k_sum / n
-        energies.append((k2_sum / n - mean * mean, q2_sum / n))
-    return energies
-
-
-def query_aware_scales(energies):
-    """Per layer, the key scale (1, H, D) minimising the score error's variance."""
-    scales = []
-    for ek, eq in energies:
-        half = ek.shape[-1] // 2  # RoPE (non-traditional) turns channel c with c + D/2
-        ek = mx.tile((ek[..., :half] + ek[..., half:]) / 2, (1, 2))
-        eq = mx.tile((eq[..., :half] + eq[..., half:]) / 2, (1, 2))
-        floor = 1e-6 * mx.maximum(ek.max(axis=-1, keepdims=True), 1e-30)
-        eq_floor = 1e-6 * mx.maximum(eq.max(axis=-1, keepdims=True), 1e-30)
-        s = ((mx.maximum(ek, floor)) / mx.maximum(eq, eq_floor)) ** 0.25
-        s = s / mx.sqrt((s * s).mean(axis=-1, keepdims=True))
-        scales.append(s[None])
-    return scales
-
-
-def with_key_scales(cache, scales):
-    """Each turbo cache calibrates with its layer's scale instead of its own (its mean
-    still measured on its sink tokens)."""
-    for c, scale in zip(cache, scales):
-        if not isinstance(c, _TurboCache):
-            continue
-
-        def calibrate(c=c, scale=scale):
-            if c.codec.key_mean is None and c._sink_count() == c.sink_tokens:
-                mean, _ = c.codec.key_statistics(c.sinks[0])
-                c.codec = c.codec.with_statistics(mean, scale)
-
-        c._calibrate = calibrate
     return cache
 
 
@@ -211,13 +133,6 @@ def main():
         "--sink-tokens", type=int, nargs="+", default=[TurboQuantKVCache.sink_tokens]
     )
     add_recent_exact_argument(parser)
-    parser.add_argument(
-        "--query-scale",
-        nargs="*",
-        choices=["sinks", "prompt"],
-        default=[],
-        help="also rows with query-aware key scales measured on these tokens (above)",
-    )
     parser.add_argument("--json", default=None, help="write the results here too")
     parser.add_argument(
         "--table-from", default=None, help="print the table of a saved --json and stop"
@@ -294,28 +209,6 @@ def main():
                         model, tokens, cache, args.prefill
                     )
                     record(scheme, calibration, skip, sinks, logprobs, t0, recent)
-            for source, sinks, recent in itertools.product(
-                args.query_scale, args.sink_tokens, args.recent_exact
-            ):
-                t0 = time.time()
-                span = sinks if source == "sinks" else args.prefill
-                scales = query_aware_scales(query_key_energies(model, tokens[:span]))
-                cache = with_key_scales(
-                    with_sink_tokens(
-                        make_prompt_cache(
-                            model,
-                            scheme,
-                            boundary_skip=skip,
-                            key_calibration="center",
-                            recent_exact=recent,
-                        ),
-                        sinks,
-                    ),
-                    scales,
-                )
-                logprobs = teacher_forced_logprobs(model, tokens, cache, args.prefill)
-                name = f"center+query scale ({source})"
-                record(scheme, name, skip, sinks, logprobs, t0, recent)
 
     print_table(rows, args.prefill, args.decode, model, args.exact_bits)
 

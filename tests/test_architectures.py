@@ -66,14 +66,17 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
                 if hasattr(f, "max_size")
                 else TurboQuantKVCache
             )
-            # the stored arrays; nbytes adds a fixed per-layer calibration vector, the
-            # exact sink tokens (held as given and in the attention domain) and the
-            # window's recent tokens (as given; on a GPU that decodes through the fused
-            # kernel also in the attention domain, the rows its launches read)
+            # the stored arrays; nbytes adds the per-layer calibration vectors (mean,
+            # scale), the exact sink tokens (held as given and in the attention domain)
+            # and their query energies, and the window's recent tokens (as given; on a
+            # GPU that decodes through the fused kernel also in the attention domain,
+            # the rows its launches read)
             stored = sum(a.nbytes for a in t.stored)
             assert stored <= ratio_limit * f.nbytes, (arch, stored, f.nbytes)
-            fixed = stored + t.codec.key_mean.nbytes
+            fixed = stored + t.codec.key_mean.nbytes + t.codec.key_scale.nbytes
             fixed += 2 * sum(a.nbytes for a in t.sinks or ())
+            assert (t.sink_query_energy is None) == (t.sinks is None)
+            fixed += 0 if t.sinks is None else t.sink_query_energy.nbytes
             recent = sum(a.nbytes for a in t.recent or ())
             assert t.recent_exact == 16 and recent > 0
             assert t.nbytes in (fixed + recent, fixed + 2 * recent)

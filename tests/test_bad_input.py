@@ -285,9 +285,9 @@ def _set(entry, **fields):
 def _random_codes(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    rows = arrays["2.7"]  # codes changed, the norms word (last) kept
+    rows = arrays["2.8"]  # codes changed, the norms word (last) kept
     codes = mx.random.randint(0, 2**31, rows.shape, key=mx.random.key(3))
-    arrays["2.7"] = mx.concatenate(
+    arrays["2.8"] = mx.concatenate(
         [codes[..., :-1].astype(mx.uint32), rows[..., -1:]], axis=-1
     )
 
@@ -295,9 +295,9 @@ def _random_codes(arrays, meta_of, set_meta):
 def _nan_norms(arrays, meta_of, set_meta):
     import mlx.core as mx
 
-    rows = arrays["2.7"]  # the norms word: two fp16 NaNs
+    rows = arrays["2.8"]  # the norms word: two fp16 NaNs
     nan = mx.full((*rows.shape[:3], 1), 0x7E007E00, dtype=mx.uint32)
-    arrays["2.7"] = mx.concatenate([rows[..., :-1], nan], axis=-1)
+    arrays["2.8"] = mx.concatenate([rows[..., :-1], nan], axis=-1)
 
 
 DAMAGE = {  # case: (saved file, edit, what the message says)
@@ -324,8 +324,13 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
     ),
     "missing rows": (
         "turbo4",
-        lambda arrays, *_: arrays.pop("1.7"),
+        lambda arrays, *_: arrays.pop("1.8"),
         r"it stores 0 token arrays, but turbo4 stores 1 \(rows\)",
+    ),
+    "query energies cut": (
+        "turbo4",
+        lambda arrays, *_: arrays.update({"2.7": arrays["2.7"][..., :-1]}),
+        r"cache 2 \(TurboQuantKVCache\): the query-energy array has shape",
     ),
     "metadata not JSON": (
         "turbo4",

@@ -148,7 +148,8 @@ def test_bits_per_value_counts_the_tokens_a_sliding_window_holds(tiny_model):
 def test_all_in_bits_count_the_exact_tokens_a_cache_keeps(tiny_model):
     # The scheme's bits are the same with or without recent tokens kept exactly; all in,
     # W - 1 exact tokens per layer add (W - 1) x the model's bits over the tokens held,
-    # and the exact sink tokens and key statistics are counted at W = 1 already.
+    # and the exact sink tokens, their query energies and the key statistics are
+    # counted at W = 1 already.
     model, _ = load(str(tiny_model("llama")))
     dtype_bits = 8 * model.layers[0].self_attn.k_proj.weight.dtype.size
     tokens = mx.random.randint(3, 262, (1, 100), key=mx.random.key(4))
@@ -165,8 +166,11 @@ def test_all_in_bits_count_the_exact_tokens_a_cache_keeps(tiny_model):
     assert rows[1][0] == "turbo4 r1" and rows[9][0] == "turbo4 r9"  # W 16: "turbo4"
     assert rows[1][1] == rows[9][1] == pytest.approx(4.125)  # head_dim 128
     sinks = 16 * dtype_bits / 100  # 16 exact first tokens of 100
-    key_mean = 128 * 32 / (100 * 256)  # one float32 per key channel (key centring)
-    assert rows[1][2] - rows[1][1] == pytest.approx(sinks + key_mean)
+    # a float32 mean and scale per key channel (center+query), and a bfloat16 query
+    # energy per pair of key channels for each sink token, over 256 values a token
+    statistics = 2 * 128 * 32 / (100 * 256)
+    energies = 16 * 64 * 16 / (100 * 256)
+    assert rows[1][2] - rows[1][1] == pytest.approx(sinks + statistics + energies)
     assert rows[9][2] - rows[1][2] == pytest.approx(8 * dtype_bits / 100)
 
 

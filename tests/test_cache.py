@@ -1,6 +1,7 @@
 import copy
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import outlier_keys
 from mlx_lm.models.cache import (
@@ -11,6 +12,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 from mlx_lm_turbo.cache.cache import register_cache_classes
 
 
@@ -399,3 +401,87 @@ def test_decode_steps_grow_no_process_wide_cache():
         if step in (4, 19):
             sizes[step] = cache_sizes()
     assert sizes[4] and sizes[19] == sizes[4]
+
+
+def query_aware_scale_reference(sink_keys, sink_queries):
+    """center+query's key scale, written out in NumPy (float64): s = (E[k^2] of the
+    centred keys / E[q^2] over the KV head's query heads) ** (1/4), each averaged over
+    the RoPE pair (c, c + D/2), unit mean square."""
+    k = np.array(sink_keys.astype(mx.float32), dtype=np.float64)[0]  # (H, T, D)
+    q = np.array(sink_queries.astype(mx.float32), dtype=np.float64)[0]  # (Hq, T, D)
+    H, T, D = k.shape
+    key_energy = ((k - k.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
+    query_energy = (q.reshape(H, -1, T, D) ** 2).mean(axis=(1, 2))
+
+    def paired(e):
+        e = (e[:, : D // 2] + e[:, D // 2 :]) / 2
+        return np.concatenate([e, e], axis=1)
+
+    s = (paired(key_energy) / paired(query_energy)) ** 0.25
+    return s / np.sqrt((s**2).mean(axis=1, keepdims=True))
+
+
+def attend_chunks(cache, keys, values, queries, chunks):
+    """Feed the tokens in these chunks as a model does: each update, then attention."""
+    start = 0
+    for n in chunks:
+        view, _ = cache.update_and_fetch(
+            keys[:, :, start : start + n], values[:, :, start : start + n]
+        )
+        mask = "causal" if n > 1 else None
+        turbo_scaled_dot_product_attention(
+            queries[:, :, start : start + n], view, keys.shape[-1] ** -0.5, mask
+        )
+        start += n
+
+
+@pytest.mark.parametrize("chunks", [[40], [5, 35], [1] * 20])
+def test_keys_are_scaled_by_the_sink_tokens_keys_and_queries(chunks):
+    # center+query (the default): the sink tokens' queries reach the cache through
+    # attention, and the update that completes them is made again with them.
+    keys, values = kv(sum(chunks), H=2, D=64)
+    queries = mx.random.normal((1, 8, keys.shape[2], 64), key=mx.random.key(7))
+    queries = (queries * mx.linspace(0.2, 3.0, 64)).astype(mx.float16)  # uneven
+    cache = TurboQuantKVCache("turbo4")
+    attend_chunks(cache, keys, values, queries, chunks)
+    assert cache.codec.key_calibration == "center+query"
+    assert not cache.sink_queries_missing
+    S = cache.sink_tokens
+    want = query_aware_scale_reference(keys[:, :, :S], queries[:, :, :S])
+    got = np.array(cache.codec.key_scale[0])
+    # the energies are kept in bfloat16 (2^-9 relative); a fourth root quarters that
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    assert np.abs(want - 1).max() > 0.1  # a scale that matters
+    # nothing of a first pass is left behind
+    assert cache._rerun is None and cache.sink_query_energy.shape == (1, 2, S, 32)
+
+
+def test_without_attention_the_keys_are_only_centred():
+    # An update no attention follows (no queries seen): center+query centres alone,
+    # for good, and says so in its state.
+    keys, values = kv(40, H=2, D=64)
+    cache = TurboQuantKVCache("turbo4")
+    cache.update_and_fetch(keys, values)
+    assert cache.sink_queries_missing and cache.codec.key_scale is None
+    assert cache.codec.key_mean is not None
+
+
+def test_a_saved_cache_within_its_sink_tokens_continues_like_a_cold_one(tmp_path):
+    register_cache_classes()
+    keys, values = kv(40, H=2, D=64)
+    queries = mx.random.normal((1, 4, 40, 64), key=mx.random.key(3)).astype(mx.float16)
+    cold = TurboQuantKVCache("turbo4")
+    attend_chunks(cold, keys, values, queries, [40])
+    part = TurboQuantKVCache("turbo4")
+    attend_chunks(part, keys, values, queries, [10])
+    save_prompt_cache(str(tmp_path / "c.safetensors"), [part])
+    (loaded,) = load_prompt_cache(str(tmp_path / "c.safetensors"))
+    assert loaded.sink_query_energy.shape == (1, 2, 10, 32)
+    attend_chunks(loaded, keys[:, :, 10:], values[:, :, 10:], queries[:, :, 10:], [30])
+    assert mx.array_equal(loaded.codec.key_scale, cold.codec.key_scale)
+    # the rows past the sink tokens (theirs are never read: the sinks are, exactly)
+    S = cold.sink_tokens
+    assert all(
+        mx.array_equal(a[:, :, S:], b[:, :, S:])
+        for a, b in zip(loaded._stored_slice(), cold._stored_slice())
+    )

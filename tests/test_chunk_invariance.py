@@ -296,11 +296,11 @@ def test_a_sliding_window_trimmed_saved_and_reloaded_continues_like_a_cold_one(
     cold, _, decoded = prefill_then_decode([23], 6, max_size=32)
     keys, values, queries = window_kv(29)
     cache = TurboQuantRotatingKVCache("turbo4", 32)
-    cache.update_and_fetch(keys[:, :, :20], values[:, :, :20])
+    attend(cache, keys, values, queries, 0, 20)
     # trimmed into the sink tokens (the statistics go with them), refilled
     assert cache.is_trimmable() and cache.trim(8) == 8
     assert cache.codec.key_mean is None and cache._sink_count() == 12
-    cache.update_and_fetch(keys[:, :, 12:23], values[:, :, 12:23])
+    attend(cache, keys, values, queries, 12, 23)
     save_prompt_cache(str(tmp_path / "c.safetensors"), [cache])
     (loaded,) = load_prompt_cache(str(tmp_path / "c.safetensors"))
     got = mx.concatenate(

@@ -34,7 +34,7 @@ from mlx_lm_turbo import (
     parse_scheme,
 )
 from mlx_lm_turbo.cache.attention import _dequantize, turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import register_cache_classes
+from mlx_lm_turbo.cache.cache import FORMAT_VERSION, register_cache_classes
 
 H, D = 2, 64
 W = 8
@@ -167,7 +167,10 @@ def test_a_cache_reused_or_reloaded_equals_a_cold_one(
     loaded = load_prompt_cache(path)
     for c in loaded:
         meta = json.loads(c.meta_state[0])
-        assert meta["format"] == 4 and meta["recent_exact"] == W == c.recent_exact
+        assert (
+            meta["format"] == FORMAT_VERSION
+            and meta["recent_exact"] == W == c.recent_exact
+        )
         assert c.recent[0].shape[2] == W - 1
     for reused in (copy.deepcopy(prefix), loaded):
         got = run(model, PROMPT[shared:], reused, 2048)

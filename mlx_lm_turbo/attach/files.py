@@ -164,6 +164,16 @@ def check_entry(class_name, state):
         if len(stored) < 2:
             raise _Bad("it does not hold the recent-token arrays of its format")
         recent_keys, recent_values, *stored = stored
+    query_energy = None
+    if version >= 5:
+        if not isinstance(meta["sink_queries_missing"], bool):
+            raise _Bad(
+                f"its metadata has sink_queries_missing={meta['sink_queries_missing']!r}, "
+                "expected true or false"
+            )
+        if not stored:
+            raise _Bad("it does not hold the query-energy array of its format")
+        query_energy, *stored = stored
     scheme = _scheme(meta["scheme"], "metadata")
     if meta["codec"] is None:
         if (
@@ -171,8 +181,12 @@ def check_entry(class_name, state):
             or scale is not None
             or sink_keys is not None
             or recent_keys is not None
+            or query_energy is not None
         ):
-            raise _Bad("it has key statistics, sink or recent tokens but no codec")
+            raise _Bad(
+                "it has key statistics, sink or recent tokens or query energies but no "
+                "codec"
+            )
         _check_uncompressed(meta, stored, rotating)
         return
     codec = _meta(meta["codec"], _CODEC_META, "codec metadata")
@@ -224,6 +238,15 @@ def check_entry(class_name, state):
             raise _Bad(
                 f"it keeps {sinks} sink tokens, more than its {min(meta['sink_tokens'], meta['offset'])}"
             )
+    if query_energy is not None:
+        sinks = 0 if sink_keys is None else sink_keys.shape[2]
+        _array(
+            query_energy,
+            "the query-energy array",
+            (None, heads, sinks, key_dim // 2),
+            mx.bfloat16,
+            finite=True,
+        )
     if recent_keys is not None:
         _array(
             recent_keys,

@@ -63,6 +63,9 @@ def turbo_scaled_dot_product_attention(
     mask: Union[None, str, mx.array],
     sinks: Optional[mx.array] = None,
 ) -> mx.array:
+    # An update its cache makes again with these queries (its keys calibrate on them).
+    if kv.calibrating is not None:
+        kv.calibrating.take_queries(kv, queries)
     # A decode token its cache left for the attention launch to encode.
     if kv.pending is not None:
         cache = kv.pending

@@ -22,6 +22,7 @@ from mlx_lm.models.cache import (
 )
 
 from .cache import (
+    QueryCalibration,
     TurboQuantKVCache,
     TurboQuantRotatingKVCache,
     _check_keys_values,
@@ -72,7 +73,7 @@ def _concat_statistic(codecs, rows, name, neutral):
     )
 
 
-class _BatchStatistics:
+class _BatchStatistics(QueryCalibration):
     """Per-sequence sink tokens, the key statistics measured on them and the codec they
     live in, shared by both batch forms."""
 
@@ -143,6 +144,15 @@ class _BatchStatistics:
         )
         self.sinks = None
         self.sink_counts = [0] * rows
+        # Their query energies (B, H, sink_tokens, D/2), as the single caches keep them,
+        # and per row (host) whether any was not seen.
+        self.sink_query_energy = None
+        self.sink_queries_missing = [False] * rows
+
+    def _awaits_queries(self):
+        return self._wants_query_energy() and any(
+            not c and not m for c, m in zip(self.calibrated, self.sink_queries_missing)
+        )
 
     @staticmethod
     def _joining(caches):
@@ -225,7 +235,11 @@ class _BatchStatistics:
                 self.codec.key_mean[batch_indices],
                 None if scale is None else scale[batch_indices],
             )
-        self.calibrated = [self.calibrated[i] for i in _host_indices(batch_indices)]
+        rows = _host_indices(batch_indices)
+        self.calibrated = [self.calibrated[i] for i in rows]
+        self.sink_queries_missing = [self.sink_queries_missing[i] for i in rows]
+        if self.sink_query_energy is not None:
+            self.sink_query_energy = self.sink_query_energy[batch_indices]
 
     def _extend_statistics(self, other, my_rows):
         codecs = [self.codec, other.codec]
@@ -252,9 +266,14 @@ class _BatchStatistics:
             done and not c for done, c in zip(self._complete_sinks(), self.calibrated)
         ]
         if any(rows):
-            self._set_row_statistics(
-                rows, *self.codec.key_statistics(self.sinks[0], per_row=True)
+            missing = self.sink_queries_missing
+            energy = None if all(missing) else self.sink_query_energy
+            mean, scale = self.codec.key_statistics(
+                self.sinks[0], per_row=True, query_energy=energy
             )
+            if scale is not None and energy is not None and any(missing):
+                scale = mx.where(mx.array(missing)[:, None, None], 1.0, scale)
+            self._set_row_statistics(rows, mean, scale)
             self.calibrated = [a or b for a, b in zip(self.calibrated, rows)]
 
     def _cut_sinks(self, real):
@@ -295,32 +314,80 @@ class _BatchStatistics:
             mx.where(fill[:, None, :, None], mx.take_along_axis(a, source, axis=2), old)
             for a, old in zip((exact_keys, exact_values), self.sinks)
         )
+        before = self.sink_counts
         # A device sync, but only while some row still lacks its sink tokens.
         self.sink_counts = (counts + fill.sum(axis=1)).tolist()
+        if self.codec.key_calibration != "center+query":
+            return
+        energy = self._incoming_energy(exact_keys.shape[2])
+        if energy is None:
+            self.sink_queries_missing = [
+                m or new > old
+                for m, new, old in zip(
+                    self.sink_queries_missing, self.sink_counts, before
+                )
+            ]
+            return
+        held = self.sink_query_energy
+        if held is None:
+            held = mx.zeros((*energy.shape[:2], S, energy.shape[3]), energy.dtype)
+        self.sink_query_energy = mx.where(
+            fill[:, None, :, None], mx.take_along_axis(energy, source, axis=2), held
+        )
 
-    def _joined_sinks(self, caches, rows):
-        """The caches' sink (keys, values) stacked into one batch, every row given all
-        ``sink_tokens`` slots (caches without sinks give zeros); None if none has any."""
-        like = next((c.sinks for c in caches if c.sinks is not None), None)
+    def _join_sinks(self, caches, rows):
+        """Take the caches' sink (keys, values) and their query energies stacked into
+        one batch, every row given all ``sink_tokens`` slots (caches without give
+        zeros); None where none has any."""
+        self.sinks = self._joined_slots(
+            caches, rows, [c.sinks or (None, None) for c in caches]
+        )
+        energies = self._joined_slots(
+            caches, rows, [(c.sink_query_energy,) for c in caches]
+        )
+        self.sink_query_energy = None if energies is None else energies[0]
+        self.sink_queries_missing = [
+            m
+            for c, n in zip(caches, rows)
+            for m in (
+                c.sink_queries_missing
+                if isinstance(c.sink_queries_missing, list)
+                else [c.sink_queries_missing] * n
+            )
+        ]
+
+    def _joined_slots(self, caches, rows, arrays):
+        """Each cache's ``arrays`` (a tuple per cache, None entries for none) padded
+        to ``sink_tokens`` slots and stacked; None if no cache has any."""
+        like = next((a for a in arrays if a[0] is not None), None)
         if like is None:
             return None
 
-        def padded(sinks, like, n):
-            filled = 0 if sinks is None else sinks.shape[2]
+        def padded(held, like, n):
+            filled = 0 if held is None else held.shape[2]
             zeros = mx.zeros(
                 (n, like.shape[1], self.sink_tokens - filled, like.shape[3]), like.dtype
             )
-            return zeros if sinks is None else mx.concatenate([sinks, zeros], axis=2)
+            return zeros if held is None else mx.concatenate([held, zeros], axis=2)
 
         return tuple(
-            mx.concatenate(
-                [
-                    padded(None if c.sinks is None else c.sinks[i], like[i], n)
-                    for c, n in zip(caches, rows)
-                ]
-            )
-            for i in range(2)
+            mx.concatenate([padded(a[i], like[i], n) for a, n in zip(arrays, rows)])
+            for i in range(len(like))
         )
+
+    def _row_sinks(self, idx, cache):
+        """Give the single ``cache`` row ``idx``'s sink tokens and query energies."""
+        count = self.sink_counts[idx]
+        cache.sink_queries_missing = self.sink_queries_missing[idx]
+        if not count:
+            return
+        cache.sinks = tuple(
+            mx.contiguous(a[idx : idx + 1, :, :count]) for a in self.sinks
+        )
+        if self.sink_query_energy is not None and not cache.sink_queries_missing:
+            cache.sink_query_energy = mx.contiguous(
+                self.sink_query_energy[idx : idx + 1, :, :count]
+            )
 
     def _row_recent(self, idx, tokens):
         """Row ``idx``'s recent copies for a single cache of ``tokens`` tokens, or None."""
@@ -380,7 +447,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             sink_tokens=first.sink_tokens,
             recent_exact=first.recent_exact,
         )
-        batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        batch._join_sinks(caches, [1] * len(caches))
         batch.recent = batch._joined_recent(
             caches, [1] * len(caches), min(first.recent_exact - 1, max_length)
         )
@@ -405,7 +472,10 @@ class TurboQuantBatchKVCache(_BatchStatistics):
 
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
+        self._rerun = None  # a view attention did not take queries for: as it is
         self._ensure_codec(keys, values)
+        if self._awaits_queries():
+            return self._update_awaiting_queries(keys, values)
         self._keep_sinks(keys, values)
         self._calibrate_rows()
         prev, n = self._idx, keys.shape[2]
@@ -542,9 +612,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         theirs, their_pad = justified(other)
         if mine is not None:
             self.stored = tuple(mx.concatenate(pair) for pair in zip(mine, theirs))
-        self.sinks = self._joined_sinks(
-            (self, other), (self.offset.shape[0], other.offset.shape[0])
-        )
+        self._join_sinks((self, other), (self.offset.shape[0], other.offset.shape[0]))
         self.recent = self._joined_recent(
             (self, other),
             (self.offset.shape[0], other.offset.shape[0]),
@@ -574,11 +642,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             )
             cache.codec = self._row_codec(idx)
             cache.offset = self._idx - padding
-        if self.sink_counts[idx]:
-            cache.sinks = tuple(
-                mx.contiguous(a[idx : idx + 1, :, : self.sink_counts[idx]])
-                for a in self.sinks
-            )
+        self._row_sinks(idx, cache)
         return cache
 
     def size(self):
@@ -604,6 +668,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         arrays = (
             *(self.stored or ()),
             *(self.sinks or ()),
+            *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
             *(self.recent or ()),
             *TurboQuantKVCache._converted_sink_arrays(self),
         )
@@ -694,7 +759,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             [1] * len(caches),
             min(first.recent_exact - 1, batch._temporal_width()),
         )
-        batch.sinks = batch._joined_sinks(caches, [1] * len(caches))
+        batch._join_sinks(caches, [1] * len(caches))
         # A ring with kept slots that has dropped tokens is no longer consecutive
         # once it joins: its sink tokens then count as gone (they were measured).
         batch.sink_counts = [
@@ -744,6 +809,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             r >= self.max_size + self.sink_tokens for r in self.row_tokens
         ):
             self.sinks, self._converted_sinks = None, None
+            self.sink_query_energy = None
             self.sink_counts = [0] * len(self.row_tokens)
 
     def make_mask(self, N, window_size=None, return_array=False):
@@ -761,7 +827,10 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
 
     def update_and_fetch(self, keys, values):
         _check_keys_values(keys, values)
+        self._rerun = None  # a view attention did not take queries for: as it is
         self._ensure_codec(keys, values)
+        if self._awaits_queries():
+            return self._update_awaiting_queries(keys, values)
         n, seen = keys.shape[2], self.row_tokens
         temporal = n > 1 or self._decode_sees_sinks()
         if n > 1 or self._prompt_end is not None:  # count each row's real tokens
@@ -848,7 +917,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
 
     def extend(self, other):
         rows = self.offset.shape[0]
-        self.sinks = self._joined_sinks((self, other), (rows, other.offset.shape[0]))
+        self._join_sinks((self, other), (rows, other.offset.shape[0]))
         idx = max(self._temporal_width(), other._temporal_width())
         self.recent = self._joined_recent(
             (self, other),
@@ -880,11 +949,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             )
             cache.codec = self._row_codec(idx)
             cache.offset, cache._idx = plain.offset, plain._idx
-        if self.sink_counts[idx]:
-            cache.sinks = tuple(
-                mx.contiguous(a[idx : idx + 1, :, : self.sink_counts[idx]])
-                for a in self.sinks
-            )
+        self._row_sinks(idx, cache)
         cache._let_go_of_sinks()
         return cache
 
@@ -903,6 +968,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
     def nbytes(self):
         arrays = (
             *(self.sinks or ()),
+            *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
             *(self.recent or ()),
             *TurboQuantKVCache._converted_sink_arrays(self),
         )

@@ -21,7 +21,7 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
-from ..codec.codec import TurboCodec
+from ..codec.codec import TurboCodec, query_energy
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
@@ -39,10 +39,12 @@ from .view import TurboKV, recent_part
 # and value in one row (codec.join_rows; formats 1-2 kept four arrays, joined on load);
 # 4: format 3's, each query also reading the recent_exact - 1 tokens before it exactly
 # (exact copies of them after the sink arrays in the state; formats 1-3 continue with
-# recent_exact 1, as they were saved).
+# recent_exact 1, as they were saved); 5: format 4's, the sink tokens' query energies
+# after the recent copies (center+query calibrates on them; formats 1-4 knew no such
+# calibration and continue without).
 # Change the layout or the rules, bump this, and say in check_format what older ones
 # become.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 _SAVED_KEYS = (
     "scheme",
     "seed",
@@ -82,6 +84,11 @@ def check_format(meta: dict) -> int:
             f"This prompt cache (format {version}) lacks recent_exact; re-create it with "
             "this version."
         )
+    if version >= 5 and "sink_queries_missing" not in meta:
+        raise CacheFormatError(
+            f"This prompt cache (format {version}) lacks sink_queries_missing; re-create "
+            "it with this version."
+        )
     if version == 1 and "max_size" in meta:
         raise CacheFormatError(
             "This prompt cache's sliding-window layers were saved by an mlx-lm-turbo that "
@@ -107,6 +114,72 @@ def _install_attention_dispatch():
     from .attention import install_attention_dispatch
 
     install_attention_dispatch()
+
+
+def _held(value):
+    """``value`` as it is now, kept from in-place updates of its arrays (MLX's
+    ``a[i] = x`` and ``a += x`` change the array object itself)."""
+    if isinstance(value, mx.array):
+        return copy.copy(value)
+    if type(value) in (tuple, list):
+        return type(value)(_held(v) for v in value)
+    return value
+
+
+class QueryCalibration:
+    """How a cache gets its sink tokens' queries (``center+query`` calibration,
+    ``codec.KEY_CALIBRATIONS``): only attention sees queries, after the update that
+    stores the keys. An update that keeps sink tokens is therefore made twice: once
+    without its queries, into the view attention gets (marked ``calibrating``), then,
+    when attention hands the queries over (``take_queries``), again from the state
+    before it, with them, into the same view. MLX builds graphs lazily: the first
+    update's arrays, no longer referenced, never run."""
+
+    _rerun = None  # (view, the cache's state before the update, keys, values)
+    _query_energy = None  # the update's codec.query_energy while it is made again
+    _first_pass = False
+
+    def _awaits_queries(self) -> bool:
+        """Whether this update keeps sink tokens whose queries calibrate the keys."""
+        raise NotImplementedError
+
+    def _update_awaiting_queries(self, keys, values):
+        before = {name: _held(v) for name, v in self.__dict__.items()}
+        self._first_pass = True
+        try:
+            view, _ = self.update_and_fetch(keys, values)
+        finally:
+            self._first_pass = False
+        self._rerun = (view, before, keys, values)
+        view.calibrating = self
+        return view, view
+
+    def take_queries(self, view, queries):
+        """Make ``view``'s update again with its queries (attention calls this first)."""
+        view.calibrating = None
+        if self._rerun is None or self._rerun[0] is not view:
+            return  # made again already (a layer sharing this one's keys attends)
+        _, before, keys, values = self._rerun
+        self.__dict__.clear()
+        self.__dict__.update(before)
+        self._query_energy = query_energy(queries, self.codec.n_kv_heads)
+        try:
+            fresh, _ = self.update_and_fetch(keys, values)
+        finally:
+            self._query_energy = None
+        for name in TurboKV.__slots__:
+            setattr(view, name, getattr(fresh, name))
+
+    def _wants_query_energy(self):
+        return self.codec.key_calibration == "center+query" and not (
+            self._first_pass or self._query_energy is not None
+        )
+
+    def _incoming_energy(self, tokens):
+        """This update's query energies, (B, H, tokens, D/2), or None (not given, or
+        given for other tokens)."""
+        energy = self._query_energy
+        return energy if energy is not None and energy.shape[2] == tokens else None
 
 
 def new_codec(cache, keys, values):
@@ -179,7 +252,7 @@ def _check_keys_values(keys, values):
         )
 
 
-class _TurboCache:
+class _TurboCache(QueryCalibration):
     """What both cache layouts share: the codec, the fp16 start, sink tokens, state, sizes."""
 
     step = 256
@@ -231,6 +304,11 @@ class _TurboCache:
         self.sinks = (
             None  # exact (keys, values) of the first tokens, as the model gave them
         )
+        # Their codec.query_energy, (1, H, n, D/2), for center+query; missing if
+        # any sink token's queries were not seen: its calibration then only centres.
+        # An uncompressed start's queries go through mlx-lm's attention, unseen.
+        self.sink_query_energy = None
+        self.sink_queries_missing = uncompressed_start > 0
 
     # -- the uncompressed start and the switch to compression ---------------
     def _make_uncompressed(self):
@@ -296,8 +374,9 @@ class _TurboCache:
             and self.codec.key_scale is None
             and self._sink_count() == self.sink_tokens
         ):
+            energy = None if self.sink_queries_missing else self.sink_query_energy
             self.codec = self.codec.with_statistics(
-                *self.codec.key_statistics(self.sinks[0])
+                *self.codec.key_statistics(self.sinks[0], query_energy=energy)
             )
 
     def _encode(self, keys, values, start):
@@ -341,6 +420,19 @@ class _TurboCache:
             if self.sinks is None
             else tuple(mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
         )
+        if (
+            self.codec.key_calibration == "center+query"
+            and not self.sink_queries_missing
+        ):
+            energy = self._incoming_energy(keys.shape[2])
+            if energy is None:
+                self.sink_queries_missing, self.sink_query_energy = True, None
+            else:
+                energy = mx.contiguous(energy[:, :, skip : skip + take])
+                held = self.sink_query_energy
+                self.sink_query_energy = (
+                    energy if held is None else mx.concatenate([held, energy], axis=2)
+                )
 
     def _converted_sink_arrays(self):
         cached = getattr(self, "_converted_sinks", None)
@@ -446,6 +538,10 @@ class _TurboCache:
                 if self.offset
                 else None
             )
+            if self.sink_query_energy is not None:
+                self.sink_query_energy = (
+                    self.sink_query_energy[:, :, : self.offset] if self.offset else None
+                )
             if (
                 self.codec is not None and self.sink_tokens
             ):  # measured on sinks no longer all there
@@ -457,6 +553,7 @@ class _TurboCache:
         arrays = (
             list(self.stored or ())
             + list(self.sinks or ())
+            + [a for a in (self.sink_query_energy,) if a is not None]
             + self._recent_arrays()
             + self._converted_sink_arrays()
         )
@@ -486,6 +583,7 @@ class _TurboCache:
             "key_calibration": self.key_calibration,
             "sink_tokens": self.sink_tokens,
             "recent_exact": self.recent_exact,
+            "sink_queries_missing": self.sink_queries_missing,
             "offset": self.offset,
             "codec": self.codec.meta() if self.codec else None,
             **self._extra_meta(),
@@ -503,6 +601,8 @@ class _TurboCache:
         self.sink_tokens, self.offset = meta["sink_tokens"], meta["offset"]
         # Formats 1-3 read only the query itself exactly besides the sink tokens.
         self.recent_exact = meta.get("recent_exact", 1)
+        # Formats 1-4 kept no query energies.
+        self.sink_queries_missing = meta.get("sink_queries_missing", True)
         self._set_extra_meta(meta)
         self._codec_meta = meta["codec"]
 
@@ -513,12 +613,22 @@ class _TurboCache:
         raise NotImplementedError
 
     def update_and_fetch(self, keys, values):
+        self._rerun = None  # a view attention did not take queries for: as it is
         if not self._compressing(keys, values):
             out = self.uncompressed.update_and_fetch(keys, values)
             self.offset = self.uncompressed.offset
             return out
+        if self._awaits_queries():
+            return self._update_awaiting_queries(keys, values)
         view = self._update_compressed(*self._encode(keys, values, self.offset))
         return view, view
+
+    def _awaits_queries(self):
+        return (
+            self._wants_query_energy()
+            and self.codec.key_mean is None
+            and not self.sink_queries_missing
+        )
 
     def settle(self):
         """Nothing to do but in ``TurboQuantKVCache``, whose decode token may wait for
@@ -546,8 +656,8 @@ class _TurboCache:
     @property
     def state(self):
         """[meta json, key mean, key scale, sink keys, sink values, recent keys, recent
-        values, *arrays]: flat, so a saved file round-trips (formats 1-3 had no recent
-        copies)."""
+        values, sink query energy, *arrays]: flat, so a saved file round-trips (formats
+        1-3 had no recent copies, 1-4 no query energies)."""
         if self.codec is not None:
             arrays = list(self._stored_slice() or ())
             mean, scale = self.codec.key_mean, self.codec.key_scale
@@ -560,6 +670,7 @@ class _TurboCache:
         return [
             self.meta_state[0],
             *(mean, scale, sink_keys, sink_values, recent_keys, recent_values),
+            self.sink_query_energy,
             *arrays,
         ]
 
@@ -571,6 +682,9 @@ class _TurboCache:
         recent_keys = recent_values = None
         if self._format >= 4:
             recent_keys, recent_values, *arrays = arrays
+        self.sink_query_energy = None
+        if self._format >= 5:
+            self.sink_query_energy, *arrays = arrays
         self.codec, self.stored, self.uncompressed = None, None, None
         self.sinks = None if sink_keys is None else (sink_keys, sink_values)
         self.recent = None if recent_keys is None else (recent_keys, recent_values)
@@ -671,6 +785,7 @@ class TurboQuantKVCache(_TurboCache):
             s[:, :, position : position + a.shape[2]] = a
 
     def update_and_fetch(self, keys, values):
+        self._rerun = None  # a view attention did not take queries for: as it is
         if self._deferred is not None:
             self.settle()
         if self._defers(keys) and self._compressing(keys, values):
@@ -903,6 +1018,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
             and self.offset >= self.max_size + self.sink_tokens
         ):
             self.sinks, self._converted_sinks = None, None
+            self.sink_query_energy = None
 
     _temporal_order = RotatingKVCache._temporal_order
     _trim = RotatingKVCache._trim

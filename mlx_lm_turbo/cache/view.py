@@ -34,6 +34,11 @@ class TurboKV:
     ``window - 1`` tokens before the pending one, a row of 4 x head_dim each: key and
     value in the attention domain, then as the model gave them (the launch reads the
     first half and hands the rows back one token on).
+
+    ``calibrating``: the cache that still needs this update's queries (its key
+    calibration measures the sink tokens' queries, which only attention sees):
+    attention hands them over first (``take_queries``), and the cache makes the
+    update again with them, into this view.
     """
 
     __slots__ = (
@@ -45,6 +50,7 @@ class TurboKV:
         "window",
         "pending",
         "recent",
+        "calibrating",
     )
 
     def __init__(
@@ -57,11 +63,13 @@ class TurboKV:
         window=None,
         pending=None,
         recent=None,
+        calibrating=None,
     ):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
         self.sinks, self.window = sinks, window
         self.pending, self.recent = pending, recent
+        self.calibrating = calibrating
 
     @property
     def shape(self):

@@ -35,16 +35,23 @@ from .schemes import KVScheme, parse_scheme
 #                per-query score shift (added back when there are attention sinks).
 # center+scale:  also divide each channel by its spread (normalised to unit
 #                mean square over channels) and multiply the query by it.
-KEY_CALIBRATIONS = ("none", "center", "center+scale")
+# center+query:  centre, and divide each channel by s_c = (E[k_c^2] / E[q_c^2])^(1/4)
+#                of the centred keys and the queries of the same tokens (unit mean
+#                square). A rotated key's quantization error is spread evenly over
+#                its channels, so a score's error variance goes as
+#                sum(E[k_c^2] / s_c^2) * sum(E[q_c^2] s_c^2), which this s minimises;
+#                center+scale's s ignores the query. Without the queries: center.
+KEY_CALIBRATIONS = ("none", "center", "center+scale", "center+query")
 # Calibrating on fewer tokens than this leaves channel spreads too noisy to scale by.
 MIN_SCALE_TOKENS = 16
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _FP16_MAX = 65504.0
 
 
-# Measured on SmolLM2-135M at 4K context (benchmarks/key_calibration.py, README):
-# centring beat both no calibration and centring plus scaling at every key width.
-DEFAULT_KEY_CALIBRATION = "center"
+# Measured with benchmarks/key_calibration.py (README): centring beat no calibration
+# and centre+scale at every key width on SmolLM2-135M; the query-aware scale beat
+# centring on SmolLM2 and Gemma 3 270M (results/query_scale_gemma3_h200_495a544.md).
+DEFAULT_KEY_CALIBRATION = "center+query"
 
 
 def quantize_rotated(y: mx.array, bits: int):
@@ -116,6 +123,38 @@ def dequantize_rotated(
     return _dequantizer(bits, head_dim, dtype)(codes, norms)
 
 
+def query_energy(queries: mx.array, n_kv_heads: int) -> mx.array:
+    """Each token's squared query channels, averaged over its KV head's query heads and
+    over each pair of channels RoPE turns into each other (c and c + D/2, mlx-lm's
+    default layout): (B, Hq, L, D) queries -> (B, n_kv_heads, L, D/2), bfloat16 (a
+    cache keeps them with its sink tokens; a scale's fourth root hardly feels the
+    rounding). ``center+query``'s E[q^2]."""
+    B, n_q_heads, L, D = queries.shape
+    q = queries.astype(mx.float32).reshape(B, n_kv_heads, -1, L, D)
+    energy = (q * q).mean(axis=2)
+    return ((energy[..., : D // 2] + energy[..., D // 2 :]) / 2).astype(mx.bfloat16)
+
+
+def _unit_mean_square(scale):
+    return scale / mx.sqrt((scale * scale).mean(axis=-1, keepdims=True))
+
+
+def _query_aware_scale(key_energy, query_energy):
+    """``center+query``'s s = (E[k^2] / E[q^2])^(1/4), unit mean square, from the keys'
+    per-channel energies (..., D) and the queries' per pair (..., D/2,
+    ``query_energy``). Keys are averaged over the RoPE pairs too: the sink tokens sit
+    at the first positions, where the pairs have barely turned, and later tokens turn
+    them all the way."""
+    half = key_energy.shape[-1] // 2
+    key_energy = (key_energy[..., :half] + key_energy[..., half:]) / 2
+
+    def floored(energy):
+        return mx.maximum(energy, 1e-6 * energy.max(axis=-1, keepdims=True) + 1e-30)
+
+    s = (floored(key_energy) / floored(query_energy)) ** 0.25
+    return _unit_mean_square(mx.concatenate([s, s], axis=-1))
+
+
 class TurboCodec:
     """Rotation, key calibration and codebooks of one layer; stateless once built."""
 
@@ -177,11 +216,15 @@ class TurboCodec:
         return self
 
     # -- calibration --------------------------------------------------------
-    def key_statistics(self, keys: mx.array, valid=None, per_row=False):
+    def key_statistics(
+        self, keys: mx.array, valid=None, per_row=False, query_energy=None
+    ):
         """Per-head, per-channel (mean, scale) of (B, H, T, D) keys, shaped (B or 1, H, D).
 
         ``valid`` (B, T) marks the tokens to count (a batch's padding is not);
-        ``per_row`` keeps one set of statistics per batch row.
+        ``per_row`` keeps one set of statistics per batch row; ``query_energy``
+        (B, H, T, D/2): the same tokens' ``query_energy``, which ``center+query``
+        scales by (without it, it only centres).
         """
         if self.key_calibration == "none":
             return None, None
@@ -193,21 +236,25 @@ class TurboCodec:
         )
         axes = (2,) if per_row else (0, 2)
         count = weight.sum(axis=axes, keepdims=True)
-        mean = (k * weight).sum(axis=axes, keepdims=True) / mx.maximum(count, 1)
+
+        def average(a):
+            return (a * weight).sum(axis=axes, keepdims=True) / mx.maximum(count, 1)
+
+        mean = average(k)
         scale = None
         enough = count >= MIN_SCALE_TOKENS
         if self.key_calibration == "center+scale" and enough.any().item():
-            spread = mx.sqrt(
-                (((k - mean) ** 2) * weight).sum(axis=axes, keepdims=True)
-                / mx.maximum(count, 1)
-            )
+            spread = mx.sqrt(average((k - mean) ** 2))
             spread = mx.maximum(
                 spread, 1e-3 * spread.max(axis=-1, keepdims=True) + 1e-12
             )
-            spread = spread / mx.sqrt((spread**2).mean(axis=-1, keepdims=True))
-            scale = mx.where(enough, spread, 1.0)[
-                :, :, 0
-            ]  # rows with too few tokens: unscaled
+            scale = _unit_mean_square(spread)
+        elif self.key_calibration == "center+query" and query_energy is not None:
+            scale = _query_aware_scale(
+                average((k - mean) ** 2), average(query_energy.astype(mx.float32))
+            )
+        if scale is not None:  # rows with too few tokens: unscaled
+            scale = mx.where(enough, scale, 1.0)[:, :, 0]
         return mean[:, :, 0], scale
 
     def calibrate(self, keys: mx.array):
