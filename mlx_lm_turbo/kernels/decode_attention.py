@@ -80,7 +80,10 @@ def raw_tail_support(codec) -> bool:
     the CUDA kernel encodes) and its keys are quantized (turbo0vN keeps them as they are,
     in an array of their own). ``MLX_LM_TURBO_KERNEL`` is read once a layer, by the
     launch: under ``off`` it declines and the cache encodes the token as usual."""
-    return codec.scheme.key_bits > 0 and gpu_backend() == "cuda" and layer_served(codec)
+    backend = gpu_backend()
+    return (
+        codec.scheme.key_bits > 0 and backend == "cuda" and layer_served(codec, backend)
+    )
 
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):

@@ -78,10 +78,12 @@ def _layer_support(backend, key_dim, value_dim, mode):
     return head_dims_support(key_dim, value_dim)
 
 
-def layer_served(codec) -> bool:
-    """Whether the fused kernels can serve this layer here, whatever
-    ``MLX_LM_TURBO_KERNEL`` says (``use_kernel`` reads it)."""
-    return _layer_support(gpu_backend(), codec.key_dim, codec.value_dim, "auto") is None
+def layer_served(codec, backend) -> bool:
+    """Whether the fused kernels can serve this layer on ``backend`` (what
+    ``gpu_backend`` gave the caller: each asking builds an MLX device, and a decode step
+    asks at every layer), whatever ``MLX_LM_TURBO_KERNEL`` says (``use_kernel`` reads
+    it)."""
+    return _layer_support(backend, codec.key_dim, codec.value_dim, "auto") is None
 
 
 def use_kernel(codec) -> bool:
