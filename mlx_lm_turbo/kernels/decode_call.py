@@ -30,9 +30,10 @@ ATTENTION_INPUTS = (
 
 def call_support(queries, kv, mask):
     """Why this call goes to the portable path although the layer is served; None if not."""
-    if queries.shape[2] > MAX_QUERIES:
+    shape = queries.shape
+    if shape[2] > MAX_QUERIES:
         return "prefill"
-    if queries.shape[1] // kv.codec.n_kv_heads > MAX_GROUP:
+    if shape[1] // kv.codec.n_kv_heads > MAX_GROUP:
         return f"more than {MAX_GROUP} query heads per KV head"
     if kv.stored is None:
         return "no compressed history yet"
@@ -40,6 +41,8 @@ def call_support(queries, kv, mask):
         return "queries and cache differ in dtype"
     if kv.sinks is not None and kv.sinks[0].shape[2] > MAX_SINKS:
         return f"more than {MAX_SINKS} sink tokens"
+    if mask is None:  # a decode step's usual mask: nothing of it to check
+        return None
     if isinstance(mask, str) and mask != "causal":
         return f"mask {mask!r}"
     if isinstance(mask, mx.array) and mask.shape[-1] != kv.stored[-1].shape[2]:
