@@ -232,16 +232,14 @@ def _kernel(warps, raw_tail, recent, names, dtype, mask_dtype):
     )
 
 
-def _slices(n_tokens, blocks_per_slice):
+def _most_slices(blocks_per_slice):
+    """The most slices ``_slices`` cuts a cache into (once per plan: its groups)."""
+    return min(math.ceil(TARGET_BLOCKS / blocks_per_slice), MAX_SLICES)
+
+
+def _slices(n_tokens, most_slices):
     """How many slices to cut a cache of n_tokens into (the kernel sizes them alike)."""
-    return max(
-        1,
-        min(
-            math.ceil(n_tokens / MIN_SLICE_TOKENS),
-            math.ceil(TARGET_BLOCKS / blocks_per_slice),
-            MAX_SLICES,
-        ),
-    )
+    return max(1, min(-(-n_tokens // MIN_SLICE_TOKENS), most_slices))
 
 
 class _Layer:
@@ -255,8 +253,9 @@ class _Layer:
         self.previous = placeholder(dtype)
         self.plans = {}
 
-    def plan(self, codec, *config):
-        """The ``_Plan`` of this configuration of calls, built on its first call."""
+    def plan(self, codec, config):
+        """The ``_Plan`` of this configuration of calls, built on its first call (later
+        calls find it in ``plans`` themselves, one method call fewer at every layer)."""
         plan = self.plans.get(config)
         if plan is None:
             plan = self.plans[config] = _Plan(self, codec, *config)
@@ -308,8 +307,7 @@ def _cuda_decode_attention(
         mask_kind, mask_dtype = (
             (1, mx.bool_) if isinstance(mask, str) else (MASK_ARRAY, mask.dtype)
         )
-    plan = layer.plan(
-        codec,
+    config = (
         shape,
         queries.dtype,
         scale,
@@ -323,6 +321,7 @@ def _cuda_decode_attention(
         in_place,
         None if recent is None else recent.shape,
     )
+    plan = layer.plans.get(config) or layer.plan(codec, config)
     inputs = plan.inputs.copy()  # the layer's constants; the call's arrays go in below
     at = plan.at
     inputs[0] = queries
@@ -339,7 +338,8 @@ def _cuda_decode_attention(
         inputs[at["tail_keys"]] = kv.new_keys
         inputs[at["tail_values"]] = kv.new_values
     if mask_kind == MASK_ARRAY:
-        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        if mask.ndim < 4:  # leading axes of one (a 4-D mask goes as it is)
+            mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         inputs[at["mask"]] = mx.broadcast_to(mask, (B, n_q_heads, L, n_tokens))
     if sinks is not None:
         inputs[at["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
@@ -348,7 +348,7 @@ def _cuda_decode_attention(
     outputs = plan.kernel(
         inputs=inputs,
         template=plan.template,
-        **plan.launch(_slices(n_tokens, plan.groups) + plan.has_exact),
+        **plan.launch(n_tokens),
     )
     layer.previous = outputs[0]
     return outputs
@@ -386,6 +386,7 @@ class _Plan:
         query_rows = min(G * L, MAX_ROW_VALUES // D)
         self.groups = B * H * math.ceil(G * L / query_rows)
         self.has_exact = tail or sink_tokens
+        self.most_slices = _most_slices(self.groups)
         self.part_floats = query_rows * (D + 2)
         # the outputs: the attention's, each group's parts (query rows x D) and their
         # (max, sum), a raw tail's row, and the recent rows one token on
@@ -444,8 +445,10 @@ class _Plan:
             self.inputs[self.at["kmean"]] = broadcast_rows(codec.key_mean, B)
         mx.eval([a for a in self.inputs if a is not None])
 
-    def launch(self, n_parts):
-        """The launch's grid and outputs for calls over n_parts parts."""
+    def launch(self, n_tokens):
+        """The launch's grid and outputs for calls over n_tokens cached tokens (their
+        slices, and the exact tokens' part if any)."""
+        n_parts = _slices(n_tokens, self.most_slices) + self.has_exact
         launch = self.launches.get(n_parts)
         if launch is None:
             shapes = list(self.output_shapes)
