@@ -166,10 +166,10 @@ def test_all_in_bits_count_the_exact_tokens_a_cache_keeps(tiny_model):
     assert rows[1][0] == "turbo4 r1" and rows[9][0] == "turbo4 r9"  # W 16: "turbo4"
     assert rows[1][1] == rows[9][1] == pytest.approx(4.125)  # head_dim 128
     sinks = 16 * dtype_bits / 100  # 16 exact first tokens of 100
-    # a float32 mean and scale per key channel (center+query), and a bfloat16 query
+    # a float32 mean and scale per key channel (center+query), and a float32 query
     # energy per pair of key channels for each sink token, over 256 values a token
     statistics = 2 * 128 * 32 / (100 * 256)
-    energies = 16 * 64 * 16 / (100 * 256)
+    energies = 16 * 64 * 32 / (100 * 256)
     assert rows[1][2] - rows[1][1] == pytest.approx(sinks + statistics + energies)
     assert rows[9][2] - rows[1][2] == pytest.approx(8 * dtype_bits / 100)
 

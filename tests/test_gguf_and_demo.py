@@ -337,7 +337,7 @@ def test_dequantize_names_the_types_it_reads():
 
 # float32 baseline; both hold 256-token buffers here: turbo4 4.125/32 bits plus its
 # exact sink tokens (up to 16, held as given and in the attention domain: 32/256) and
-# their query energies (a bfloat16 per pair of key channels: 1/256), and with the
+# their query energies (a float32 per pair of key channels: 2/256), and with the
 # default window its 15 recent tokens (held as given: 15/256)
 @pytest.mark.parametrize("window, bound", [([], 0.34), (["--recent-exact", "1"], 0.28)])
 def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys, window, bound):

@@ -244,7 +244,7 @@ def check_entry(class_name, state):
             query_energy,
             "the query-energy array",
             (None, heads, sinks, key_dim // 2),
-            mx.bfloat16,
+            mx.float32,
             finite=True,
         )
     if recent_keys is not None:

@@ -126,13 +126,14 @@ def dequantize_rotated(
 def query_energy(queries: mx.array, n_kv_heads: int) -> mx.array:
     """Each token's squared query channels, averaged over its KV head's query heads and
     over each pair of channels RoPE turns into each other (c and c + D/2, mlx-lm's
-    default layout): (B, Hq, L, D) queries -> (B, n_kv_heads, L, D/2), bfloat16 (a
-    cache keeps them with its sink tokens; a scale's fourth root hardly feels the
-    rounding). ``center+query``'s E[q^2]."""
+    default layout): (B, Hq, L, D) queries -> (B, n_kv_heads, L, D/2), float32 (in
+    bfloat16, chunks of other shapes, whose queries differ in float32's last bits,
+    could round an energy differently: a step of 2^-9 that moves many codes).
+    ``center+query``'s E[q^2]."""
     B, n_q_heads, L, D = queries.shape
     q = queries.astype(mx.float32).reshape(B, n_kv_heads, -1, L, D)
     energy = (q * q).mean(axis=2)
-    return ((energy[..., : D // 2] + energy[..., D // 2 :]) / 2).astype(mx.bfloat16)
+    return (energy[..., : D // 2] + energy[..., D // 2 :]) / 2
 
 
 def _unit_mean_square(scale):
@@ -250,9 +251,7 @@ class TurboCodec:
             )
             scale = _unit_mean_square(spread)
         elif self.key_calibration == "center+query" and query_energy is not None:
-            scale = _query_aware_scale(
-                average((k - mean) ** 2), average(query_energy.astype(mx.float32))
-            )
+            scale = _query_aware_scale(average((k - mean) ** 2), average(query_energy))
         if scale is not None:  # rows with too few tokens: unscaled
             scale = mx.where(enough, scale, 1.0)[:, :, 0]
         return mean[:, :, 0], scale
