@@ -62,13 +62,13 @@ def with_sink_tokens(cache, n):
 
 def all_in_bits(model, tokens, scheme, recent, exact_bits=None):
     """Bits per value all in at ``tokens`` tokens, every layer at ``scheme``, counted as
-    tools/allocate.py counts them (codes, norms, one exact copy of the sink tokens in
-    the model's dtype, or in ``exact_bits``), with the recent tokens held exactly
-    counted like sink tokens."""
+    tools/allocate.py counts them (codes, norms, one exact copy of the sink and recent
+    tokens in the model's dtype, or in ``exact_bits``, the sink tokens' query
+    energies)."""
     shapes = [
         dataclasses.replace(
             s,
-            sink_tokens=s.sink_tokens + min(recent, s.tokens) - 1,
+            recent_tokens=min(recent, s.tokens) - 1,
             exact_bits=exact_bits or s.exact_bits,
         )
         for s in layer_shapes(model, tokens)

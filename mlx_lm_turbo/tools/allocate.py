@@ -9,7 +9,8 @@ probed with 8-bit values (``turbo{k}v8``), values with fp16 keys (``turbo0v{v}``
 Allocation (``allocate``): assuming the layers' errors add up, start every layer's keys
 and values at their narrowest width and repeatedly take the widening that removes the
 most sensitivity per stored bit, while the all-in average (what ``all_in_bits`` counts:
-codes, norms and the exact sink tokens at the stated context) stays within the budget.
+codes, norms and the exact sink tokens with their query energies at the stated context)
+stays within the budget.
 """
 
 import sys
@@ -23,6 +24,7 @@ from ..codec.schemes import KVScheme
 KEY_WIDTHS = (2, 3, 4, 8)
 VALUE_WIDTHS = (2, 3, 4, 8)
 NORM_BITS = 16  # one fp16 norm per stored vector
+QUERY_ENERGY_BITS = 32  # a sink token's query energy per pair of key channels
 ATTENTION = "scaled_dot_product_attention"  # where models attend (mlx_lm.models.base)
 # Each layer's own compression error is what the plan weighs: no window of exact recent
 # tokens hides part of it (and all_in_bits counts none).
@@ -40,6 +42,7 @@ class LayerShape:
     tokens: int  # tokens held (a sliding window holds at most its size)
     sink_tokens: int  # exact copies held besides the compressed ones
     exact_bits: int = 16  # the model's dtype, which exact keys and sink tokens keep
+    recent_tokens: int = 0  # exact copies of recent tokens (no query energies)
 
     @property
     def values(self):
@@ -55,12 +58,13 @@ class LayerShape:
         return width * self.value_dim + NORM_BITS
 
     def fixed_bits(self):
-        return (
-            self.sink_tokens
-            * self.kv_heads
-            * self.exact_bits
-            * (self.key_dim + self.value_dim)
-        )
+        """The exact sink and recent tokens, and the float32 query energy per pair of
+        key channels that center+query calibration keeps with each sink token
+        (``codec.query_energy``)."""
+        exact = self.exact_bits * (self.key_dim + self.value_dim)
+        energies = QUERY_ENERGY_BITS * self.key_dim // 2
+        per_head = (self.sink_tokens + self.recent_tokens) * exact
+        return self.kv_heads * (per_head + self.sink_tokens * energies)
 
     def bits(self, scheme: KVScheme):
         per_token = self.key_bits(scheme.key_bits) + self.value_bits(scheme.value_bits)
@@ -68,7 +72,8 @@ class LayerShape:
 
 
 def all_in_bits(shapes: Sequence[LayerShape], schemes: Dict[int, KVScheme]) -> float:
-    """Bits per stored value over every compressed layer: codes, norms, exact sink tokens."""
+    """Bits per stored value over every compressed layer: codes, norms, exact sink tokens
+    and their query energies."""
     total = sum(s.bits(schemes[s.index]) for s in shapes)
     return total / sum(s.values for s in shapes)
 
