@@ -339,12 +339,8 @@ class _BatchStatistics(QueryCalibration):
         """Take the caches' sink (keys, values) and their query energies stacked into
         one batch, every row given all ``sink_tokens`` slots (caches without give
         zeros); None where none has any."""
-        self.sinks = self._joined_slots(
-            caches, rows, [c.sinks or (None, None) for c in caches]
-        )
-        energies = self._joined_slots(
-            caches, rows, [(c.sink_query_energy,) for c in caches]
-        )
+        self.sinks = self._joined_slots(rows, [c.sinks or (None, None) for c in caches])
+        energies = self._joined_slots(rows, [(c.sink_query_energy,) for c in caches])
         self.sink_query_energy = None if energies is None else energies[0]
         self.sink_queries_missing = [
             m
@@ -356,7 +352,7 @@ class _BatchStatistics(QueryCalibration):
             )
         ]
 
-    def _joined_slots(self, caches, rows, arrays):
+    def _joined_slots(self, rows, arrays):
         """Each cache's ``arrays`` (a tuple per cache, None entries for none) padded
         to ``sink_tokens`` slots and stacked; None if no cache has any."""
         like = next((a for a in arrays if a[0] is not None), None)
