@@ -484,3 +484,14 @@ def test_a_saved_cache_within_its_sink_tokens_continues_like_a_cold_one(tmp_path
         mx.array_equal(a[:, :, S:], b[:, :, S:])
         for a, b in zip(loaded._stored_slice(), cold._stored_slice())
     )
+
+
+def test_a_cache_keeping_no_sink_tokens_never_makes_an_update_twice():
+    # No sink tokens, nothing to calibrate on: no update waits for its queries.
+    keys, values = kv(40, H=2, D=64)
+    cache = TurboQuantKVCache("turbo4")
+    cache.sink_tokens = 0
+    for t in range(0, 40, 8):
+        view, _ = cache.update_and_fetch(keys[:, :, t : t + 8], values[:, :, t : t + 8])
+        assert view.calibrating is None
+    assert cache.codec.key_mean is None and cache.codec.key_scale is None

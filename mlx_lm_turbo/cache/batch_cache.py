@@ -150,8 +150,12 @@ class _BatchStatistics(QueryCalibration):
         self.sink_queries_missing = [False] * rows
 
     def _awaits_queries(self):
+        S = self.sink_tokens
         return self._wants_query_energy() and any(
-            not c and not m for c, m in zip(self.calibrated, self.sink_queries_missing)
+            not c and not m and n < S
+            for c, m, n in zip(
+                self.calibrated, self.sink_queries_missing, self.sink_counts
+            )
         )
 
     @staticmethod

@@ -628,6 +628,7 @@ class _TurboCache(QueryCalibration):
             self._wants_query_energy()
             and self.codec.key_mean is None
             and not self.sink_queries_missing
+            and self._sink_count() < self.sink_tokens
         )
 
     def settle(self):
