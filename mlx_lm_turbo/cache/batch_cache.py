@@ -321,7 +321,7 @@ class _BatchStatistics(QueryCalibration):
         before = self.sink_counts
         # A device sync, but only while some row still lacks its sink tokens.
         self.sink_counts = (counts + fill.sum(axis=1)).tolist()
-        if self.codec.key_calibration != "center+query":
+        if not self.codec.calibrates_on_queries:
             return
         energy = self._incoming_energy(exact_keys.shape[2])
         if energy is None:

@@ -171,7 +171,7 @@ class QueryCalibration:
             setattr(view, name, getattr(fresh, name))
 
     def _wants_query_energy(self):
-        return self.codec.key_calibration == "center+query" and not (
+        return self.codec.calibrates_on_queries and not (
             self._first_pass or self._query_energy is not None
         )
 
@@ -420,10 +420,7 @@ class _TurboCache(QueryCalibration):
             if self.sinks is None
             else tuple(mx.concatenate([s, a], axis=2) for s, a in zip(self.sinks, new))
         )
-        if (
-            self.codec.key_calibration == "center+query"
-            and not self.sink_queries_missing
-        ):
+        if self.codec.calibrates_on_queries and not self.sink_queries_missing:
             energy = self._incoming_energy(keys.shape[2])
             if energy is None:
                 self.sink_queries_missing, self.sink_query_energy = True, None

@@ -250,7 +250,7 @@ class TurboCodec:
                 spread, 1e-3 * spread.max(axis=-1, keepdims=True) + 1e-12
             )
             scale = _unit_mean_square(spread)
-        elif self.key_calibration == "center+query" and query_energy is not None:
+        elif self.calibrates_on_queries and query_energy is not None:
             scale = _query_aware_scale(average((k - mean) ** 2), average(query_energy))
         if scale is not None:  # rows with too few tokens: unscaled
             scale = mx.where(enough, scale, 1.0)[:, :, 0]
@@ -273,6 +273,11 @@ class TurboCodec:
         if self.key_scale is not None:
             k = k / self.key_scale[:, :, None]
         return k
+
+    @property
+    def calibrates_on_queries(self) -> bool:
+        """Whether the key calibration measures the sink tokens' queries too."""
+        return self.key_calibration == "center+query"
 
     # -- storage ------------------------------------------------------------
     @property

@@ -253,12 +253,11 @@ class _Layer:
         self.previous = placeholder(dtype)
         self.plans = {}
 
-    def plan(self, codec, config):
-        """The ``_Plan`` of this configuration of calls, built on its first call (later
-        calls find it in ``plans`` themselves, one method call fewer at every layer)."""
-        plan = self.plans.get(config)
-        if plan is None:
-            plan = self.plans[config] = _Plan(self, codec, *config)
+    def new_plan(self, codec, config):
+        """Build and keep the ``_Plan`` of this configuration of calls (its first call;
+        later calls find it in ``plans`` themselves, one method call fewer at every
+        layer)."""
+        plan = self.plans[config] = _Plan(self, codec, *config)
         return plan
 
     def constants(self, codec, scale):
@@ -321,7 +320,7 @@ def _cuda_decode_attention(
         in_place,
         None if recent is None else recent.shape,
     )
-    plan = layer.plans.get(config) or layer.plan(codec, config)
+    plan = layer.plans.get(config) or layer.new_plan(codec, config)
     inputs = plan.inputs.copy()  # the layer's constants; the call's arrays go in below
     at = plan.at
     inputs[0] = queries
