@@ -5,7 +5,9 @@ mlx-lm's ``scaled_dot_product_attention`` (the turbo path reads the compressed
 history in blocks), each layer's output the next one's query; the stack is
 evaluated together, as a model's decode step is. Prints, side by side in one
 run, ms per step, its ratio to fp16, the caches' bytes and the peak memory above
-the caches (also as a multiple of the caches' bytes).
+the caches (also as a multiple of the caches' bytes); then the same pipelined, as
+mlx_lm.generate runs decode, with the host's time per step split into building the
+graph and queueing it (``mx.async_eval``: MLX's own work per op).
 
 Prefill: a prompt of ``--prefill`` tokens fed in ``--chunk`` token chunks through
 the same layer stack (queries = keys = values = the chunk), peak memory above
@@ -157,9 +159,18 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
-    pipelined = pipelined_seconds(build, tokens[steps + 1 :])
+    parts = {}
+    pipelined = pipelined_seconds(build, tokens[steps + 1 :], parts)
     pipelined_peak = mx.get_peak_memory() - before
-    return seconds, building / steps, peak, pipelined, pipelined_peak
+    return (
+        seconds,
+        building / steps,
+        peak,
+        pipelined,
+        pipelined_peak,
+        parts["build"],
+        parts["queue"],
+    )
 
 
 def host_profile(caches, args, steps=32):
@@ -216,13 +227,15 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, warm_up=Tr
 def round_medians(rounds):
     """``decode_steps``' results over rounds: the median of each time, the largest of
     each peak."""
-    seconds, host, peak, pipelined, pipelined_peak = zip(*rounds)
+    seconds, host, peak, pipelined, pipelined_peak, built, queued = zip(*rounds)
     return (
         statistics.median(seconds),
         statistics.median(host),
         max(peak),
         statistics.median(pipelined),
         max(pipelined_peak),
+        statistics.median(built),
+        statistics.median(queued),
     )
 
 
@@ -336,9 +349,10 @@ def main():
         emit(
             "| cache | context | block | ms/step | speed vs fp16 | host ms/step | "
             "cache MiB | peak MiB above caches | peak / cache | "
-            "pipelined ms/step | pipelined vs fp16 | pipelined peak MiB above caches |"
+            "pipelined ms/step | pipelined vs fp16 | pipelined peak MiB above caches | "
+            "pipelined: build / queue ms |"
         )
-        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     profiles = []
     for context in args.contexts:
         runs = [("fp16", None)] + [
@@ -367,10 +381,10 @@ def main():
                         args.head_dim,
                     )
                 )
-        fp16_seconds, _, _, fp16_pipelined, _ = round_medians(results[runs[0]])
+        fp16_seconds, _, _, fp16_pipelined, *_ = round_medians(results[runs[0]])
         for name, block in runs:
-            seconds, host, peak, pipelined, pipelined_peak = round_medians(
-                results[name, block]
+            seconds, host, peak, pipelined, pipelined_peak, built, queued = (
+                round_medians(results[name, block])
             )
             if args.profile and context == args.contexts[-1]:
                 start_run(name, block)
@@ -379,7 +393,8 @@ def main():
             emit(
                 f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
                 f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x | "
-                f"{pipelined * 1e3:.2f} | {fp16_pipelined / pipelined:.2f}x | {pipelined_peak / 2**20:.1f} |"
+                f"{pipelined * 1e3:.2f} | {fp16_pipelined / pipelined:.2f}x | {pipelined_peak / 2**20:.1f} | "
+                f"{built * 1e3:.2f} / {queued * 1e3:.2f} |"
             )
         del caches
     attention.DECODE_BLOCK_TOKENS = default_block

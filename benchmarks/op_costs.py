@@ -4,9 +4,10 @@ A chain of ``--depth`` ops of one kind (each op's output the next one's input, a
 model's layers are) is built and evaluated ``--steps`` times three ways: built only
 (the host's Python and graph construction), built and evaluated one chain at a time
 (host scheduling and GPU work in series), and pipelined (the next chain built and
-queued while this one runs). The table gives microseconds per op: what a decode step
-pays for each op of that kind, and how it grows with a custom kernel's inputs, template
-values and named strides. Shapes are SmolLM2-135M's decode (9 query / 3 KV heads,
+queued while this one runs; its host time split into building and queueing, MLX's own
+work per op in ``mx.async_eval``). The table gives microseconds per op: what a decode
+step pays for each op of that kind, and how it grows with a custom kernel's inputs,
+outputs, template values and named strides. Shapes are SmolLM2-135M's decode (9 query / 3 KV heads,
 head_dim 64, fp16); the attention ops read ``--context`` cached tokens.
 
     python benchmarks/op_costs.py [--depth 30] [--steps 50] [--context 8192]
@@ -31,7 +32,8 @@ Q_HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
 def chain_costs(op, x0, depth, steps):
-    """(build, one step, pipelined) microseconds per op of a chain of ``op``."""
+    """(build, one step, pipelined, pipelined's queueing) microseconds per op of a
+    chain of ``op``."""
 
     def build():
         x = x0
@@ -49,21 +51,27 @@ def chain_costs(op, x0, depth, steps):
     for _ in range(steps):
         mx.eval(build())
     one_step = time.perf_counter() - start
-    pipelined = pipelined_seconds(lambda _: build(), range(steps)) * steps
+    parts = {}
+    pipelined = pipelined_seconds(lambda _: build(), range(steps), parts) * steps
     per_op = 1e6 / (steps * depth)
-    return build_time * per_op, one_step * per_op, pipelined * per_op
+    return (
+        build_time * per_op,
+        one_step * per_op,
+        pipelined * per_op,
+        parts["queue"] * steps * per_op,
+    )
 
 
-def copy_kernel(n_inputs, n_template, strides):
-    """A custom kernel copying its first input, with placeholder inputs and template
-    values beside it (the host's cost per call grows with them)."""
+def copy_kernel(n_inputs, n_template, strides, n_outputs=1):
+    """A custom kernel copying its first input, with placeholder inputs, outputs and
+    template values beside it (the host's cost per call grows with them)."""
     names = ["x"] + [f"extra{i}" for i in range(n_inputs - 1)]
     # Naming an input's strides in the source makes MLX pass them.
     use = "".join(f"(void){n}_strides;" for n in names) if strides else ""
     kernel = mx.fast.cuda_kernel(
-        name=f"copy_{n_inputs}_{n_template}_{int(strides)}",
+        name=f"copy_{n_inputs}_{n_template}_{int(strides)}_{n_outputs}",
         input_names=names,
-        output_names=["out"],
+        output_names=["out"] + [f"more{i}" for i in range(n_outputs - 1)],
         source=use + "int i = blockIdx.x * blockDim.x + threadIdx.x;"
         "if (i < x_shape[0] * x_shape[1] * x_shape[2] * x_shape[3]) out[i] = x[i];",
         ensure_row_contiguous=False,
@@ -78,8 +86,8 @@ def copy_kernel(n_inputs, n_template, strides):
             template=template,
             grid=(x.size, 1, 1),
             threadgroup=(min(x.size, 256), 1, 1),
-            output_shapes=[x.shape],
-            output_dtypes=[x.dtype],
+            output_shapes=[x.shape] + [(1,)] * (n_outputs - 1),
+            output_dtypes=[x.dtype] + [mx.float32] * (n_outputs - 1),
         )[0]
 
     return op
@@ -113,17 +121,19 @@ def main():
         ),
     }
     if gpu_backend() == "cuda":
-        for n_inputs, n_template, strides in (
-            (1, 1, False),
-            (7, 1, False),
-            (14, 1, False),
-            (14, 5, False),
-            (14, 5, True),
+        for n_inputs, n_template, strides, n_outputs in (
+            (1, 1, False, 1),
+            (7, 1, False, 1),
+            (14, 1, False, 1),
+            (14, 5, False, 1),
+            (14, 5, True, 1),
+            (1, 1, False, 4),
+            (14, 5, True, 4),
         ):
             ops[
-                f"custom kernel: {n_inputs} inputs, {n_template} template values"
-                + (", strides" if strides else "")
-            ] = (copy_kernel(n_inputs, n_template, strides), query)
+                f"custom kernel: {n_inputs} inputs, {n_outputs} outputs, "
+                f"{n_template} template values" + (", strides" if strides else "")
+            ] = (copy_kernel(n_inputs, n_template, strides, n_outputs), query)
         ops["fused decode attention (turbo4)"] = (
             lambda x: decode_attention.fused_decode_attention(x, view, scale, None),
             query,
@@ -143,12 +153,15 @@ def main():
         f"{mx.default_device()}, MLX {mx.__version__}, chains of {args.depth} ops, "
         f"{args.steps} steps, {args.context} cached tokens\n"
     )
-    print("| op | build us/op | one step us/op | pipelined us/op |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| op | build us/op | one step us/op | pipelined us/op "
+        "| pipelined: queue us/op |"
+    )
+    print("|---|---:|---:|---:|---:|")
     for label, (op, x0) in ops.items():
-        build, one_step, pipelined = chain_costs(op, x0, args.depth, args.steps)
+        costs = chain_costs(op, x0, args.depth, args.steps)
         print(
-            f"| {label} | {build:.1f} | {one_step:.1f} | {pipelined:.1f} |", flush=True
+            f"| {label} | " + " | ".join(f"{c:.1f}" for c in costs) + " |", flush=True
         )
 
 
