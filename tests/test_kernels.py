@@ -113,6 +113,27 @@ def test_kernel_mode_reads_the_environment(monkeypatch):
         kernel_mode()
 
 
+@pytest.mark.parametrize(
+    "name", ["decode_attention.cu", "encode.cu", "decode_attention_simd.body"]
+)
+def test_an_included_source_names_what_its_text_reads(name):
+    # MLX-CUDA passes an input's shape and strides only where the kernel's source
+    # names them: the #include line's comment must name what the file reads.
+    import mlx_lm_turbo.kernels.decode_attention as decode_attention
+    import mlx_lm_turbo.kernels.decode_attention_simd as simd
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+    import mlx_lm_turbo.kernels.encode as encode
+
+    text, line = dispatch.source(name), dispatch.included(name)
+    assert line.startswith(f'#include "{dispatch._SOURCES / name}"')
+    assert len(line) < len(text) / 10  # what MLX hashes at every call
+    inputs = {*decode_attention.INPUTS, *encode.INPUTS, *simd.MERGE_INPUTS}
+    for input_name in inputs:
+        for suffix in ("_shape", "_strides", "_ndim"):
+            key = input_name + suffix
+            assert (key in line) == (key in text), (name, key)
+
+
 def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     # MLX-CUDA finds compiled kernels on disk by name and template values: a source
     # changed by an upgrade must not reach an earlier binary. Runs anywhere (the

@@ -39,9 +39,9 @@ from .dispatch import (
     broadcast_rows,
     cuda_kernel,
     gpu_backend,
+    included,
     layer_served,
     placeholder,
-    source,
     use_kernel,
 )
 
@@ -223,12 +223,12 @@ def _kernel(warps, raw_tail, recent, names, dtype, mask_dtype):
         name,
         list(names),
         list(outputs),
-        source("decode_attention.cu"),
+        included("decode_attention.cu"),
         header=launch_bounds(warps)
         + HEADER_CONSTANTS
         + no_outputs
         + absent_inputs(names, dtype, mask_dtype)
-        + source("common.cuh"),
+        + included("common.cuh"),
     )
 
 

@@ -36,6 +36,7 @@ from .dispatch import (
     broadcast_rows,
     cuda_kernel,
     head_dims_support,
+    included,
     metal_kernel,
     placeholder,
     source,
@@ -71,16 +72,21 @@ CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS}, MAX_PARTS = {MAX_PARTS};\n"
 BODIES = ("decode_attention_simd.body", "decode_attention_simd_merge.body")
 
 
+def kernel_text(backend, name):
+    """A source file as ``backend``'s kernels take it (CUDA's: ``included``)."""
+    return included(name) if backend == "cuda" else source(name) + "\n"
+
+
 def kernel_source(backend, body):
     """A shared body as ``backend``'s kernel source: its index lines first."""
-    return INDICES[backend] + CONSTANTS + source(body)
+    return INDICES[backend] + CONSTANTS + kernel_text(backend, body)
 
 
 def kernel_header(backend):
     """``backend``'s prelude (CUDA's names common.cuh's helpers), then the shared helpers."""
     parts = ["common.cuh"] if backend == "cuda" else []
     parts += [f"simd_prelude_{backend}.h", "decode_attention_simd.h"]
-    return "\n".join(source(name) for name in parts) + "\n"
+    return "".join(kernel_text(backend, name) for name in parts)
 
 
 @lru_cache(maxsize=None)

@@ -7,6 +7,7 @@ Apple GPUs, where the Metal kernel has not run yet, only ``on`` uses it.
 
 import hashlib
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -105,14 +106,30 @@ _SOURCES = Path(__file__).parent
 
 @lru_cache(maxsize=None)
 def source(name):
-    """A kernel source without comments, indentation or blank lines: MLX copies the
-    whole source into every call's graph node, so it is kept short (what that saves
-    was within run-to-run noise on the H200: benchmarks/kernel_host_cost.py)."""
+    """A kernel source without comments, indentation or blank lines (Metal's kernels
+    are built from the text itself: see ``included`` for CUDA's)."""
     lines = (
         line.split("//")[0].strip()
         for line in (_SOURCES / name).read_text().splitlines()
     )
     return "\n".join(line for line in lines if line)
+
+
+def included(name):
+    """A kernel source file as MLX-CUDA's compiler reads it: an ``#include`` of the
+    file, then a comment with a digest of its text (the kernel's name covers it:
+    ``cuda_kernel``) and the shapes and strides it reads (MLX passes an input's shape
+    or strides where the source names them). MLX-CUDA hashes a custom kernel's whole
+    source at every call (its module cache's key) and copies it into every call's
+    graph node: the decode kernel's 35 KB cost each decode layer microseconds on the
+    host (benchmarks/results/decode_host_profile_h200_*.md). Where the path cannot
+    be written in an ``#include``, the text itself."""
+    path, text = str(_SOURCES / name), source(name)
+    if not (path.isascii() and path.isprintable()) or '"' in path or "\\" in path:
+        return text + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    named = sorted(set(re.findall(r"\b\w+_(?:shape|strides|ndim)\b", text)))
+    return f'#include "{path}"\n// {digest} {" ".join(named)}\n'
 
 
 def cuda_kernel(name, input_names, output_names, source, header):

@@ -19,8 +19,8 @@ from .dispatch import (
     broadcast_rows,
     cuda_kernel,
     gpu_backend,
+    included,
     placeholder,
-    source,
     use_kernel,
 )
 
@@ -35,8 +35,8 @@ def _kernel():
         "turbo_encode",
         INPUTS,
         ["rows", "exact_keys", "exact_values"],
-        source("encode.cu"),
-        header=source("common.cuh"),
+        included("encode.cu"),
+        header=included("common.cuh"),
     )
 
 
