@@ -33,12 +33,32 @@ def table_rows(path):
     return rows
 
 
-def one_round(version, split_args, out):
+def version_env(version):
+    """The environment a run of ``version`` gets; exits where another copy is imported
+    (an editable install's finder comes before ``PYTHONPATH``)."""
     env = dict(os.environ)
-    if version != "installed":
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(Path(version).resolve()), env.get("PYTHONPATH")) if p
+    if version == "installed":
+        return env
+    folder = Path(version).resolve()
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(folder), env.get("PYTHONPATH")) if p
+    )
+    where = subprocess.run(
+        [sys.executable, "-c", "import mlx_lm_turbo; print(mlx_lm_turbo.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not where.startswith(str(folder)):
+        sys.exit(
+            f"With {folder} first on PYTHONPATH this Python imports mlx_lm_turbo from "
+            f"{where or 'nowhere'}: install the package from a wheel, not editable."
         )
+    return env
+
+
+def one_round(version, split_args, out):
+    env = version_env(version)
     command = [sys.executable, str(SPLIT), *split_args, "--rounds", "1", "--out", out]
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     return table_rows(out)
