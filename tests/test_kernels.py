@@ -134,6 +134,21 @@ def test_an_included_source_names_what_its_text_reads(name):
             assert (key in line) == (key in text), (name, key)
 
 
+def test_a_source_under_a_path_no_include_can_name_comes_as_its_text(
+    monkeypatch, tmp_path
+):
+    import mlx_lm_turbo.kernels.dispatch as dispatch
+
+    folder = tmp_path / 'a "quoted" folder'
+    folder.mkdir()
+    (folder / "encode.cu").write_text((dispatch._SOURCES / "encode.cu").read_text())
+    expected = dispatch.source("encode.cu") + "\n"
+    dispatch.source.cache_clear()
+    monkeypatch.setattr(dispatch, "_SOURCES", folder)
+    assert dispatch.included("encode.cu") == expected
+    dispatch.source.cache_clear()
+
+
 def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     # MLX-CUDA finds compiled kernels on disk by name and template values: a source
     # changed by an upgrade must not reach an earlier binary. Runs anywhere (the
