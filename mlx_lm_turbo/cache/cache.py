@@ -262,6 +262,8 @@ class _TurboCache(QueryCalibration):
     # them (see _calibrate), so they never depend on how the prompt was chunked or on
     # what a prompt cache reused.
     sink_tokens = 16
+    # (codec, sinks, what _sinks_in hands out for them), made once per pair
+    _sinks_view = None
 
     def __init__(
         self,
@@ -447,8 +449,13 @@ class _TurboCache(QueryCalibration):
         """The sink tokens as TurboKV sinks over ``width`` stored tokens, or None."""
         if self.sinks is None:
             return None
-        # One sequence: its first tokens lead the cache.
-        return (*self._attention_sinks(), _leading_positions(self._sink_count()))
+        # One sequence: its first tokens lead the cache. Made once per codec and sink
+        # set, as ``_attention_sinks``: a decode step asks at every layer.
+        held = self._sinks_view
+        if held is None or held[0] is not self.codec or held[1] is not self.sinks:
+            sinks = (*self._attention_sinks(), _leading_positions(self._sink_count()))
+            self._sinks_view = held = (self.codec, self.sinks, sinks)
+        return held[2]
 
     def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
         """The TurboKV over ``stored``; ``exact_at`` (ring indices) places exact tokens
@@ -642,9 +649,10 @@ class _TurboCache(QueryCalibration):
         return self._slice()
 
     def _slice(self):
-        if self.stored is None or self.offset >= self.stored[0].shape[2]:
-            return self.stored
-        return tuple(a[:, :, : self.offset] for a in self.stored)
+        stored, n = self.stored, self.offset
+        if stored is None or n >= stored[0].shape[2]:
+            return stored
+        return tuple([a[:, :, :n] for a in stored])
 
     @staticmethod
     def _empty_like(arrays, tokens):
