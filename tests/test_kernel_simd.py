@@ -372,6 +372,19 @@ def emulated_check(monkeypatch, q, view, mask, sinks=None):
     return calls[0]
 
 
+def test_emulated_check_encodes_a_token_left_for_the_fast_kernel(monkeypatch):
+    # As on MLX-CUDA, whose caches leave a decode token to the fast kernel to encode:
+    # the simple kernel declines such a view, so the checks encode the token first.
+    import mlx_lm_turbo.cache.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 64, mx.float32)
+    q, view, mask = step_inputs(cache, 1, 2, 4, 64, mx.float32)
+    assert view.pending is cache
+    emulated_check(monkeypatch, q, view, mask)
+    assert view.pending is None
+
+
 @pytest.mark.parametrize(
     "scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo3v2", "turbo0v4"]
 )
@@ -613,6 +626,22 @@ def test_the_run_time_check_refuses_a_kernel_that_fails_or_differs(monkeypatch):
         monkeypatch.setattr(kernel_check, "simd_decode_attention", kernel(answer))
         found = kernel_check.check_decode_kernel("metal")
         assert found == reason or (reason and reason in found), (found, reason)
+
+
+def test_the_run_time_check_encodes_a_token_left_for_the_fast_kernel(monkeypatch):
+    # As on MLX-CUDA, whose caches leave a decode token to the fast kernel to encode;
+    # the stand-in declines such a view, as the simple kernel does.
+    import mlx_lm_turbo.cache.cache as cache_module
+    from mlx_lm_turbo.cache import kernel_check
+
+    def stand_in(queries, view, scale, mask, sinks, backend):
+        if view.pending is not None:
+            return None
+        return kernel_check.blockwise_attention(queries, view, scale, mask)
+
+    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
+    monkeypatch.setattr(kernel_check, "simd_decode_attention", stand_in)
+    assert kernel_check.check_decode_kernel("cuda") is None
 
 
 @pytest.mark.any_gpu
