@@ -262,8 +262,6 @@ class _TurboCache(QueryCalibration):
     # them (see _calibrate), so they never depend on how the prompt was chunked or on
     # what a prompt cache reused.
     sink_tokens = 16
-    # (codec, sinks, what _sinks_in hands out for them), made once per pair
-    _sinks_view = None
 
     def __init__(
         self,
@@ -449,13 +447,8 @@ class _TurboCache(QueryCalibration):
         """The sink tokens as TurboKV sinks over ``width`` stored tokens, or None."""
         if self.sinks is None:
             return None
-        # One sequence: its first tokens lead the cache. Made once per codec and sink
-        # set, as ``_attention_sinks``: a decode step asks at every layer.
-        held = self._sinks_view
-        if held is None or held[0] is not self.codec or held[1] is not self.sinks:
-            sinks = (*self._attention_sinks(), _leading_positions(self._sink_count()))
-            self._sinks_view = held = (self.codec, self.sinks, sinks)
-        return held[2]
+        # One sequence: its first tokens lead the cache.
+        return (*self._attention_sinks(), _leading_positions(self._sink_count()))
 
     def _view(self, stored, exact_keys=None, exact_values=None, exact_at=None):
         """The TurboKV over ``stored``; ``exact_at`` (ring indices) places exact tokens
