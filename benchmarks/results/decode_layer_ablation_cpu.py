@@ -1,58 +1,26 @@
 """Host microseconds to build one decode layer of the default turbo4 cache (W 16) with the
-kernels stubbed (``benchmarks/kernel_host_cost.py``'s stand-ins), then with parts of it
+kernels stubbed, timed as ``decode_layer_checks_cpu.py`` times it, then with parts of it
 taken away one after another: the stand-in kernel call (its outputs made once), the slice
 of the stored rows, the ``MLX_LM_TURBO_KERNEL`` read, the kernel-mode and call-support
 checks. What is left is the Python of the cache update, the routing and the launch's
-inputs. SmolLM2's decode shapes, 2048 cached tokens; medians of 300 layers, the least of
-five rounds.
+inputs.
 
     python benchmarks/results/decode_layer_ablation_cpu.py
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import base as mlx_base
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from kernel_host_cost import stub_kernels  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+# its import stubs the kernels; the layer is timed as it times it
+from decode_layer_checks_cpu import KV_HEADS, Q_HEADS, D, layer_build_us  # noqa: E402
 
-stub_kernels()
 import mlx_lm_turbo.cache.cache as cache_module  # noqa: E402
 import mlx_lm_turbo.kernels.decode_attention as decode_attention  # noqa: E402
 import mlx_lm_turbo.kernels.dispatch as dispatch  # noqa: E402
-from mlx_lm_turbo import TurboQuantKVCache  # noqa: E402
 from mlx_lm_turbo.cache.attention import install_attention_dispatch  # noqa: E402
-
-D, Q_HEADS, KV_HEADS = 64, 9, 3
-
-
-def layer_build_us(history, query):
-    cache = TurboQuantKVCache("turbo4", recent_exact=16)
-    cache.update_and_fetch(history, history)
-    token = history[:, :, :1]
-
-    def layer():
-        keys, values = cache.update_and_fetch(token, token)
-        return mlx_base.scaled_dot_product_attention(
-            query, keys, values, cache=cache, scale=D**-0.5, mask=None
-        )
-
-    for _ in range(30):
-        mx.eval(layer())
-    medians = []
-    for _ in range(5):
-        times = []
-        for _ in range(300):
-            start = time.perf_counter()
-            out = layer()
-            times.append(time.perf_counter() - start)
-            mx.eval(out)
-        medians.append(statistics.median(times) * 1e6)
-    return min(medians)
 
 
 def kernel_outputs_made_once():
