@@ -114,7 +114,7 @@ def attention_unit(dtype, kind, template):
         "q": dtype,
         "keys": dtype,
         "rows": "uint32",
-        "counters": "uint32",
+        "workspace": "uint32",
         "previous": dtype,
         "sink_keys": dtype,
         "sink_values": dtype,
@@ -122,9 +122,9 @@ def attention_unit(dtype, kind, template):
         "tail_keys": dtype,
         "tail_values": dtype,
         "mask": "bool",
-        "recent": dtype,
+        "recent": "uint32",
     }
-    output_types = {"out": dtype, "new_rows": "uint32", "next_recent": dtype}
+    output_types = {"out": dtype, "new_rows": "uint32", "next_recent": "uint32"}
     return wrap(
         "attention",
         source("decode_attention.cu"),

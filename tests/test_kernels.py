@@ -35,6 +35,7 @@ from mlx_lm_turbo.kernels import (
     kernel_mode,
     layer_support,
 )
+from mlx_lm_turbo.kernels.decode_attention import recent_tail, tail_rows
 
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 TOLERANCE = 2e-3
@@ -257,7 +258,7 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
 
 @pytest.mark.gpu
 def test_calls_in_a_row_on_one_layer_agree(monkeypatch):
-    # The kernel's per-layer group counters must be left zeroed by each call: a call
+    # The workspace's group counters must be left zeroed by each call: a call
     # that left one counting would make the next call's merge read unwritten slices.
     cache = filled_cache(TurboQuantKVCache("turbo4"), 1000, 8, 128, mx.float16)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
@@ -583,14 +584,14 @@ def recording_kernel(calls):
     return kernel
 
 
-def test_every_call_passes_queries_constants_rows_counters_and_previous():
+def test_every_call_passes_queries_constants_rows_workspace_and_previous():
     # Also a variant of no flags at all (no tail, no sink tokens, no mask, no key
     # statistics): it still needs the arrays every call reads.
     from mlx_lm_turbo.kernels.decode_attention import INPUTS, call_inputs
 
-    always = ("q", "consts", "rows", "counters", "previous")
+    always = ("q", "consts", "rows", "workspace", "previous")
     assert call_inputs(4, 0) == always
-    assert call_inputs(0, 0) == ("q", "consts", "keys", "rows", "counters", "previous")
+    assert call_inputs(0, 0) == ("q", "consts", "keys", "rows", "workspace", "previous")
     assert set(always) < set(call_inputs(4, 0b11111111111)) <= set(INPUTS)
 
 
@@ -716,7 +717,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
         assert mx.array_equal(inputs[at[name]], statistic).item(), name
     flag_bits = dict(arguments["template"])["CODE"] >> 13
     assert flag_bits & 128 and flag_bits & 256 and flag_bits & 8  # raw, mean, scale
-    assert arguments["output_shapes"][2] == (1, 2, 1, view.codec.row_words)
+    assert arguments["output_shapes"][1] == (1, 2, 1, view.codec.row_words)
     assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
 
 
@@ -746,10 +747,14 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
     assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
-    assert view.recent.shape == (1, 2, 7, 4 * 64) and view.window == 8
+    # per head: room for a packed row (17 words, 20 with the alignment), then 7 rows
+    # of 4 x 64 fp16 values (128 words each)
+    assert view.recent.shape == (1, 2, 1, 20 + 7 * 128) and view.window == 8
+    assert view.recent.dtype == mx.uint32
+    rows_before = decode_attention.tail_rows(view.codec, view.recent)
     exact = view.codec.exact(*raw)
     for i, a in enumerate((*exact, *raw)):
-        assert mx.array_equal(view.recent[..., 64 * i : 64 * (i + 1)], a).item()
+        assert mx.array_equal(rows_before[..., 64 * i : 64 * (i + 1)], a).item()
     out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
     (arguments,) = calls
     ((raw_tail, recent, names),) = made
@@ -761,17 +766,31 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     flag_bits = dict(arguments["template"])["CODE"] >> 13
     assert flag_bits & 1024 and flag_bits & 128 and flag_bits & 16  # recent, raw, tail
     assert dict(arguments["template"])["WINDOW"] == 8
-    assert arguments["output_shapes"][3] == view.recent.shape
-    assert recent_rows.shape == view.recent.shape and rows.shape[2] == 1
+    # one output besides the attention's: the tail one token on, led by the new row
+    assert arguments["output_shapes"][1:] == [view.recent.shape]
+    assert arguments["output_dtypes"][1:] == [mx.uint32]
+    assert rows is None and recent_rows.shape == view.recent.shape
+    # (the stand-in kernel's outputs are zeros: a tail of distinct words instead)
+    recent_rows = mx.arange(recent_rows.size, dtype=mx.uint32).reshape(
+        recent_rows.shape
+    )
     cache.store_row(view, rows, recent_rows)
     assert cache._recent_rows_now() is recent_rows
+    (written,) = cache._rows_in_place[1]  # the row, sliced from the tail when ordered
+    assert written is recent_rows
+    cache._order_rows()
+    position = cache.offset - 1
+    expected = decode_attention.tail_row(view.codec, recent_rows)
+    assert mx.array_equal(cache.stored[-1][:, :, position : position + 1], expected)
+    assert expected.shape == (1, 2, 1, view.codec.row_words) and expected.max() > 0
 
 
 # -- a decode token encoded in its attention launch ------------------------------
 def emulated_launch(calls):
     """``fused_decode_and_encode`` by the portable path (runs anywhere): the token's
     row and exact copies from the codec, attention over the plain view; a write in
-    place lands in the cache's own array. Records (view, in place) in ``calls``."""
+    place lands in the cache's own array; a window's tail comes back led by the row.
+    Records (view, in place) in ``calls``."""
     from mlx_lm_turbo.cache.attention import blockwise_attention
     from mlx_lm_turbo.cache.view import TurboKV
 
@@ -780,13 +799,18 @@ def emulated_launch(calls):
         (rows,), exact_keys, exact_values = kv.codec.encode(kv.new_keys, kv.new_values)
         recent_rows = None
         if kv.recent is not None:  # the window's rows read first, handed back one on
+            recent = tail_rows(kv.codec, kv.recent)
             new = [exact_keys, exact_values, kv.new_keys, kv.new_values]
+            next_rows = mx.concatenate(
+                [recent[:, :, 1:], mx.concatenate(new, axis=-1)], axis=2
+            )
+            tail = recent_tail(kv.codec, next_rows)
             recent_rows = mx.concatenate(
-                [kv.recent[:, :, 1:], mx.concatenate(new, axis=-1)], axis=2
+                [rows, tail[..., kv.codec.row_words :]], axis=-1
             )
             D = kv.codec.key_dim
             exact_keys, exact_values = (
-                mx.concatenate([recent_part(kv.recent, i, D), a], axis=2)
+                mx.concatenate([recent_part(recent, i, D), a], axis=2)
                 for i, a in enumerate((exact_keys, exact_values))
             )
         plain = TurboKV(
@@ -796,7 +820,7 @@ def emulated_launch(calls):
             slot = kv.stored[-1].shape[2] - 1
             kv.pending.stored[-1][:, :, slot : slot + 1] = rows
         out = blockwise_attention(queries, plain, scale, mask, sinks)
-        return out, rows, recent_rows
+        return out, None if kv.recent is not None else rows, recent_rows
 
     return launch
 
@@ -877,10 +901,11 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
     if recent_exact > 1:
         # the launch's view: the 7 tokens before its own, as rows of 4 x 64
         view, _ = launch_anywhere[-1]
-        assert view.recent.shape == (1, 2, 7, 4 * 64)
-        # held once: the recent copies are views of the launch's rows
-        rows = deferred._recent_rows[1]
-        assert deferred.nbytes == plain.nbytes + rows.nbytes // 2
+        assert tail_rows(view.codec, view.recent).shape == (1, 2, 7, 4 * 64)
+        # held once: the recent copies are views of the launch's tail, which also has
+        # room for a row (17 words, 20 with the alignment) per head
+        tail, lead = deferred._recent_rows[1], 2 * 20 * 4
+        assert deferred.nbytes == plain.nbytes + (tail.nbytes - lead) // 2 + lead
         # and a chunk after the steps goes on as the plain cache does
         k, v = (mx.random.normal((1, 2, 5, 64), key=mx.random.key(i)) for i in (4, 5))
         for cache in (deferred, plain):
@@ -1115,7 +1140,7 @@ def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(
     assert one._deferred is None and one._recent_rows is not None
     # the rows the last launch handed back: its token's and the ones before it in the
     # attention domain, as the codec makes them from their raw copies
-    rows = one._recent_rows[1]
+    rows = tail_rows(one.codec, one._recent_rows[1])
     for i, exact in enumerate(one.codec.exact(*one.recent)):
         assert relative_error(recent_part(rows, i, D), exact) < 2e-3
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)

@@ -25,7 +25,12 @@ from ..codec.codec import TurboCodec, query_energy
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
-from ..kernels.decode_attention import raw_tail_support
+from ..kernels.decode_attention import (
+    raw_tail_support,
+    recent_tail,
+    tail_row,
+    tail_rows,
+)
 from ..kernels.encode import fused_encode
 from .view import TurboKV, recent_part
 
@@ -729,7 +734,7 @@ class TurboQuantKVCache(_TurboCache):
     # 0 when they grow into new ones, raised by every slice of them handed out, None
     # once they are handed out or in whole (a state, ``keys``, a copy of the cache).
     _private_from = None
-    # (codec, rows): the recent tokens as a launch reads them (_recent_rows_now), or
+    # (codec, tail): the recent tokens as a launch reads them (_recent_rows_now), or
     # None. While they are held, ``recent`` is views of them, made when asked for (not
     # at every step: each slice costs the host microseconds); setting ``recent``
     # drops them.
@@ -738,7 +743,8 @@ class TurboQuantKVCache(_TurboCache):
     @property
     def recent(self):
         if self._recent is None and self._recent_rows is not None:
-            rows, D = self._recent_rows[1], self.codec.key_dim
+            codec, tail = self._recent_rows
+            rows, D = tail_rows(codec, tail), codec.key_dim
             self._recent = (recent_part(rows, 2, D), recent_part(rows, 3, D))
         return self._recent
 
@@ -857,16 +863,16 @@ class TurboQuantKVCache(_TurboCache):
         )
 
     def _recent_rows_now(self):
-        """The recent tokens as a launch reads them: a row of 4 x head_dim each, key and
-        value in the attention domain, then as the model gave them. Made here once after
-        a plain update (``recent`` becomes views of it); a launch hands the next ones back
-        (``store_row``)."""
+        """The recent tokens as a launch reads them (``recent_tail``): a row of 4 x
+        head_dim each, key and value in the attention domain, then as the model gave
+        them. Made here once after a plain update (``recent`` becomes views of it); a
+        launch hands the next ones back (``store_row``)."""
         held = self._recent_rows
         if held is None or held[0] is not self.codec:
             rows = mx.concatenate(
                 [*self.codec.exact(*self.recent), *self.recent], axis=-1
             )
-            self._keep_recent_rows(rows)
+            self._keep_recent_rows(recent_tail(self.codec, rows))
         return self._recent_rows[1]
 
     def _recent_arrays(self):
@@ -874,8 +880,8 @@ class TurboQuantKVCache(_TurboCache):
             return [self._recent_rows[1]]  # ``recent`` are views of these rows
         return super()._recent_arrays()
 
-    def _keep_recent_rows(self, rows):
-        self._recent, self._recent_rows = None, (self.codec, rows)
+    def _keep_recent_rows(self, tail):
+        self._recent, self._recent_rows = None, (self.codec, tail)
 
     def defers(self, view) -> bool:
         """Whether ``view``'s token still waits for its launch to be encoded."""
@@ -888,16 +894,18 @@ class TurboQuantKVCache(_TurboCache):
 
     def store_row(self, view, rows, recent_rows=None):
         """Store the row the attention launch encoded for ``view``'s token (where the
-        launch wrote it in place, keep it for ``_order_rows``), and the recent rows it
-        handed back one token on."""
+        launch wrote it in place, keep it for ``_order_rows``), and the recent tail it
+        handed back one token on (``rows`` None: that tail leads with the row)."""
         if not self.defers(view):
             raise RuntimeError("This view's token is no longer waiting for its row.")
         position, in_place = self._deferred[3:]
         self._deferred = None
         if recent_rows is not None:
             self._keep_recent_rows(recent_rows)
+        if rows is None:
+            rows = recent_rows  # sliced to the row when written (_order_rows)
         if not in_place:
-            self._write((rows,), position)
+            self._write((tail_row(self.codec, rows),), position)
             return
         if self._rows_in_place is not None:
             first, written = self._rows_in_place
@@ -914,6 +922,8 @@ class TurboQuantKVCache(_TurboCache):
         if self._rows_in_place is not None:
             first, written = self._rows_in_place
             self._rows_in_place = None
+            # the rows alone: a recent tail holds more (a slice of a row is itself)
+            written = [tail_row(self.codec, a) for a in written]
             rows = written[0] if len(written) == 1 else mx.concatenate(written, axis=2)
             self._write((rows,), first)
 
@@ -934,9 +944,9 @@ class TurboQuantKVCache(_TurboCache):
                 self.codec, view.new_keys, view.new_values
             )
             if view.recent is not None:  # the tokens before it, as its launch read them
-                D = self.codec.key_dim
+                D, recent = self.codec.key_dim, tail_rows(self.codec, view.recent)
                 exact_keys, exact_values = (
-                    mx.concatenate([recent_part(view.recent, i, D), a], axis=2)
+                    mx.concatenate([recent_part(recent, i, D), a], axis=2)
                     for i, a in enumerate((exact_keys, exact_values))
                 )
         else:

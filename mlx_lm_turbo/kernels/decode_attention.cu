@@ -15,15 +15,18 @@
 // memory, the head's first exact block writes its packed row to `new_rows`, which the
 // cache stores after the call (one launch a decode layer instead of two), and with
 // ROW_IN_PLACE into the token's reserved slot of `rows` as well (the cache owns that
-// buffer alone; it then needs no update op, and no copy of its layer). `work` holds
-// the slices' rows and their (max, sum); `counters` (one per group) is zero on entry and
-// left zero on exit, so nothing needs filling per call (a fill is one more launch);
-// `previous` (unread) is the layer's last call's output, so MLX runs the calls sharing
-// counters in order. RECENT (a raw tail with a window of exact recent tokens): `recent`
-// holds the W - 1 tokens before the raw one, each as one row of 4D values (key and value
-// in the attention domain, then key and value as the model gave them); the exact tail is
-// those and the raw token, and the head's first exact block writes `next_recent`, the
-// same rows one token on (the raw token's last), which the cache keeps for the next step.
+// buffer alone; it then needs no update op, and no copy of its layer). `workspace`,
+// which every launch shares: its first row holds a counter per group, zero on entry and
+// left zero on exit, so nothing needs filling per call (a fill is one more launch); the
+// rows after it the slices' rows and their (max, sum). `previous` (unread) is the last
+// launch's output, so MLX runs the launches sharing the workspace in order. RECENT (a
+// raw tail with a window of exact recent tokens): `recent` holds, per head, TAIL_FROM
+// words (the last launch's packed row, unread here), then the W - 1 tokens before the
+// raw one, each as one row of 4D values of T (key and value in the attention domain,
+// then key and value as the model gave them); the exact tail is those and the raw
+// token. The head's first exact block writes `next_recent` alike, one token on: the raw
+// token's packed row first (instead of into `new_rows`: one output fewer), its 4D values
+// last; the cache keeps it for the next step.
 using namespace turbo;
 constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
 constexpr int R = SHAPE >> 22;
@@ -56,6 +59,7 @@ constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 // fp16 tensor-core math only for fp16/bf16 models: a float32 model keeps float32 scores.
 constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
+constexpr int TAIL_FROM = (RW + 3) / 4 * 4;  // RECENT: where the rows start (16-byte aligned)
 constexpr int KEY_PAIR_BYTES = KB >= 2 && KB <= 5 ? 4 << (2 * KB) : 0;
 constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
                          NW * 32 * RW * 4 + KEY_PAIR_BYTES <= 36 * 1024;
@@ -96,16 +100,18 @@ constexpr bool HAS_EXACT = HAS_TAIL || HAS_SINK_TOKENS;
 const int n_tokens = rows_shape[2];
 const int n_splits = gridDim.x - (HAS_EXACT ? 1 : 0);
 const int split_len = ((n_tokens + n_splits - 1) / n_splits + 31) / 32 * 32;
-const int n_recent = RECENT ? recent_shape[2] : 0;
+const int n_recent = RECENT ? int((recent_shape[3] - TAIL_FROM) / (D * sizeof(T))) : 0;
 const int n_exact = HAS_TAIL ? tail_keys_shape[2] + n_recent : 0;
-// Where the variant has no window, the header declares `recent` of another type.
-const T* recent_rows = static_cast<const T*>(static_cast<const void*>(recent));
 const int n_sinks = HAS_SINK_TOKENS ? sink_pos_shape[2] : 0;
 const int n_kv_heads = rows_shape[1];
 const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
 const int b = blockIdx.y / (NRG * n_kv_heads);
 const int split = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int first_query = n_tokens - L;  // position of query row i is first_query + i
+// This head's recent rows.
+const T* recent_rows =
+    reinterpret_cast<const T*>(recent + b * recent_strides[0] + h * recent_strides[1] + TAIL_FROM);
+const int64_t tail_words = TAIL_FROM + int64_t(n_recent) * D * sizeof(T);
 
 __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
@@ -277,8 +283,7 @@ auto exact_row = [&](int item, int part, auto* sink_arr, const auto& sink_stride
                      auto* tail_arr, const auto& tail_strides) -> const T* {
   if (RAW_TAIL && item == n_sinks + n_exact - 1) return raw_tail + part * D;
   if (RECENT && item >= n_sinks) {
-    return recent_rows + b * recent_strides[0] + h * recent_strides[1] +
-           (item - n_sinks) * recent_strides[2] + part * D;
+    return recent_rows + (item - n_sinks) * 4 * D + part * D;
   }
   return item < n_sinks
              ? sink_arr + b * sink_strides[0] + h * sink_strides[1] + item * sink_strides[2]
@@ -653,19 +658,17 @@ if constexpr (RAW_TAIL && KB > 0) {
   // encodes (16 bytes a lane, four loads in flight before their stores: a copy load by
   // load took some 40 us a layer); the raw token's row goes last, once encoded.
   const bool writes_recent = RECENT && split == n_splits && rg == 0;
-  T* next_rows = static_cast<T*>(static_cast<void*>(next_recent)) +
-                 (int64_t(b) * n_kv_heads + h) * n_recent * 4 * D;
-  const T* head_recent = recent_rows + b * recent_strides[0] + h * recent_strides[1];
+  uint32_t* const next_tail = static_cast<uint32_t*>(static_cast<void*>(next_recent)) +
+                              (int64_t(b) * n_kv_heads + h) * tail_words;
+  T* next_rows = reinterpret_cast<T*>(next_tail + TAIL_FROM);
   static_assert(!RECENT || NW > 1, "the recent rows are copied by warps 1..NW-1");
   if (writes_recent && warp > 0) {
-    const T* from = head_recent + recent_strides[2];
+    const T* from = recent_rows + 4 * D;
     const int n_values = (n_recent - 1) * 4 * D, copiers = THREADS - 32;
     const int first = threadIdx.x - 32;
     constexpr int VEC = 16 / sizeof(T), BATCH = 4;
-    // one contiguous run where the rows are packed (as both makers of them leave them)
-    const bool packed = recent_strides[3] == 1 && recent_strides[2] == 4 * D;
-    if (packed &&
-        (reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(next_rows)) % 16 == 0) {
+    // one contiguous run (16-byte aligned where both makers of it leave it so)
+    if ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(next_rows)) % 16 == 0) {
       const uint4* src = reinterpret_cast<const uint4*>(from);
       uint4* dst = reinterpret_cast<uint4*>(next_rows);
       const int n_vecs = n_values / VEC;
@@ -681,9 +684,7 @@ if constexpr (RAW_TAIL && KB > 0) {
         }
       }
     } else {
-      for (int i = first; i < n_values; i += copiers) {
-        next_rows[i] = from[(i / (4 * D)) * recent_strides[2] + (i % (4 * D)) * recent_strides[3]];
-      }
+      for (int i = first; i < n_values; i += copiers) next_rows[i] = from[i];
     }
   }
   if (split == n_splits && warp == 0) {
@@ -713,7 +714,7 @@ if constexpr (RAW_TAIL && KB > 0) {
     }
     __syncwarp();
     if (rg == 0) {
-      uint32_t* row = new_rows + (int64_t(b) * n_kv_heads + h) * RW;
+      uint32_t* row = RECENT ? next_tail : new_rows + (int64_t(b) * n_kv_heads + h) * RW;
       // ROW_IN_PLACE: also into the token's slot in `rows`, which no block of this
       // launch reads (n_stored excludes it); the next launch on the layer reads it.
       uint32_t* slot = const_cast<uint32_t*>(head_rows) + int64_t(n_tokens - 1) * row_stride;
@@ -781,10 +782,11 @@ for (int r = 0; r < R; ++r) {
 __syncthreads();
 const int n_parts = gridDim.x;
 const int64_t group_parts = int64_t(blockIdx.y) * n_parts;
-float* parts = work;
-float* stats = parts + int64_t(gridDim.y) * n_parts * R * D;
 // Written through although an input: blocks of this launch alone touch it.
-unsigned int* group_counter = const_cast<unsigned int*>(counters) + blockIdx.y;
+uint32_t* const shared_words = const_cast<uint32_t*>(workspace);
+float* parts = reinterpret_cast<float*>(shared_words + workspace_shape[1]);
+float* stats = parts + int64_t(gridDim.y) * n_parts * R * D;
+unsigned int* group_counter = shared_words + blockIdx.y;
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   const int r = idx / D, d = idx % D;
   float M = -INFINITY;

@@ -11,8 +11,8 @@ and fp16 norms, decodes them against the codebook in shared memory and keeps an
 online softmax per row; the exact tokens (sink tokens, the current chunk and the
 recent tokens before it) form one more slice, read from their copies in the model's
 dtype (at decode the token itself as the model gave it, encoded in the launch). Each
-slice writes its unnormalised output rows and their (max, sum); the last slice of a
-group to finish merges them (log-sum-exp), adds a GPT-OSS attention-sink logit,
+slice writes its unnormalised output rows and their (max, sum) into a workspace that
+every launch shares; the last slice of a group to finish merges them (log-sum-exp), adds a GPT-OSS attention-sink logit,
 rotates the rows back out of the value rotation and casts them.
 
 One kernel a layer: on MLX-CUDA each op of a chained decode step costs tens of
@@ -87,17 +87,18 @@ def raw_tail_support(codec) -> bool:
 
 
 def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False):
-    """(attention output, the new token's packed row (B, H, 1, row words), the next
-    step's recent rows or None) from one launch, for a view whose one-token tail is as
-    the model gave it (``kv.pending``: its cache checked ``raw_tail_support``); None
-    where the kernel does not take the call (the cache then encodes it as usual).
+    """(attention output, the new token's packed row (B, H, 1, row words) or None, the
+    next step's recent tail or None) from one launch, for a view whose one-token tail
+    is as the model gave it (``kv.pending``: its cache checked ``raw_tail_support``);
+    None where the kernel does not take the call (the cache then encodes it as usual).
     ``in_place``: the launch also writes the row into the token's slot, the last of
     ``kv.stored``, whose buffer only the cache may hold (MLX knows nothing of that
     write: the layer's next launch reads it, ordered after this one by its ``previous``
-    input; anything else must read the row through an op that takes the returned one).
-    With a window of exact recent tokens (``kv.recent``: the tokens before this one,
-    both in the attention domain and as the model gave them, a row of 4 x head_dim
-    each), the launch reads them exactly and returns them one token on."""
+    input, as every launch is after the one before; anything else must read the row
+    through an op that takes the returned one). With a window of exact recent tokens
+    (``kv.recent``: the tokens before this one as a recent tail, ``recent_tail``), the
+    launch reads them exactly and returns them one token on, led by the new token's row
+    (``tail_row``), which it then returns alone no more."""
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
@@ -108,14 +109,45 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
     outputs = _cuda_decode_attention(
         queries, kv, scale, mask, sinks, raw_tail=True, in_place=in_place
     )
-    return outputs[0], outputs[2], outputs[3] if kv.recent is not None else None
+    if kv.recent is None:
+        return outputs[0], outputs[1], None
+    return outputs[0], None, outputs[1]
+
+
+def tail_from(codec):
+    """Where a recent tail's rows start: after room for a packed row, 16-byte aligned
+    (the kernel's TAIL_FROM)."""
+    return -(-codec.row_words // 4) * 4
+
+
+def recent_tail(codec, rows):
+    """Recent tokens' rows (B, H, n, 4 x head_dim: key and value in the attention
+    domain, then as the model gave them) as a launch reads them: per head, room for a
+    packed row, then the rows (uint32 words: B, H, 1, words)."""
+    B, H, n, width = rows.shape
+    lead = mx.zeros((B, H, 1, tail_from(codec)), mx.uint32)
+    return mx.concatenate(
+        [lead, mx.view(rows.reshape(B, H, 1, n * width), mx.uint32)], axis=-1
+    )
+
+
+def tail_rows(codec, tail):
+    """A recent tail's rows (B, H, n, 4 x head_dim) in the codec's dtype."""
+    B, H = tail.shape[:2]
+    rows = mx.view(tail[..., tail_from(codec) :], codec.dtype)
+    return rows.reshape(B, H, -1, 4 * codec.value_dim)
+
+
+def tail_row(codec, tail):
+    """The packed row (B, H, 1, row words) that leads a launch's recent tail."""
+    return tail[..., : codec.row_words]
 
 
 # A call's host cost grows with its inputs and template values
 # (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
 # input, the variant's yes/no choices as one template value, and a call passes only the
 # inputs its variant reads (``call_inputs``); the header declares the others empty.
-INPUTS = (*ATTENTION_INPUTS, "sink_logits", "counters", "previous", "kmean", "recent")
+INPUTS = (*ATTENTION_INPUTS, "sink_logits", "workspace", "previous", "kmean", "recent")
 # The optional inputs by the FLAGS bit that says a call reads them (decode_call.flags);
 # "keys" (stored as they are) by the key width instead.
 INPUT_FLAGS = {
@@ -132,23 +164,25 @@ INPUT_FLAGS = {
 MASK_ARRAY = 2  # FLAGS bits 0-1 of a mask given as an array
 HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 # The kernels by their outputs: (raw tail, recent) -> (name, outputs, declarations of
-# the outputs a kernel has not).
+# the outputs a kernel has not). Each output costs the host about 2 us a call
+# (benchmarks/results/custom_call_cost_h200_b4a5294.md): the slices' parts go into the
+# shared workspace, an input, instead.
 KERNELS = {
     (False, False): (
         "turbo_decode_attention",
-        ("out", "work"),
+        ("out",),
         "__device__ uint32_t* const new_rows = nullptr;\n"
         "__device__ float* const next_recent = nullptr;\n",
     ),
     (True, False): (
         "turbo_decode_step",
-        ("out", "work", "new_rows"),
+        ("out", "new_rows"),
         "__device__ float* const next_recent = nullptr;\n",
     ),
     (True, True): (
         "turbo_decode_step_recent",
-        ("out", "work", "new_rows", "next_recent"),
-        "",
+        ("out", "next_recent"),
+        "__device__ uint32_t* const new_rows = nullptr;\n",
     ),
 }
 C_TYPES = {  # an input's C type by its dtype's name
@@ -172,7 +206,7 @@ def call_inputs(key_bits, flag_bits):
         if name in INPUT_FLAGS:
             return flag_bits & INPUT_FLAGS[name] != 0
         return (
-            True  # every call passes the queries, constants, rows, counters, previous
+            True  # every call passes the queries, constants, rows, workspace, previous
         )
 
     return tuple(name for name in INPUTS if read(name))
@@ -184,9 +218,11 @@ def absent_inputs(names, dtype, mask_dtype):
     names them all, but reads only those its FLAGS say a call passes."""
     T = C_TYPES[dtype]
     types = dict.fromkeys(
-        ("keys", "sink_keys", "sink_values", "tail_keys", "tail_values", "recent"), T
+        ("keys", "sink_keys", "sink_values", "tail_keys", "tail_values"), T
     )
-    types.update(sink_pos=C_TYPES["int32"], mask=C_TYPES[mask_dtype])
+    types.update(
+        sink_pos=C_TYPES["int32"], mask=C_TYPES[mask_dtype], recent=C_TYPES["uint32"]
+    )
     return "".join(
         f"__device__ const {types.get(name, 'float')}* const {name} = nullptr;\n"
         f"__device__ constexpr int32_t {name}_shape[4] = {{0, 0, 0, 0}};\n"
@@ -242,15 +278,41 @@ def _slices(n_tokens, most_slices):
     return max(1, min(-(-n_tokens // MIN_SLICE_TOKENS), most_slices))
 
 
-class _Layer:
-    """What one cache layer's calls share: its constants input (built once per codec and
-    scale), its group counters, and its last call's output. Each call takes that output
-    as an input (unread): MLX then orders the calls, which could otherwise overlap on
-    the GPU and share counters."""
+class _Workspace:
+    """What every launch for queries of one dtype shares: the workspace (a row of group
+    counters, zero between launches, then rows for the slices' parts and their (max,
+    sum)) and the last launch's output. Each launch takes that output as an input
+    (unread): MLX then runs the launches one after another, which could otherwise
+    overlap on the GPU and share the workspace. One for every layer: a layer's own
+    would hold memory between steps, and an output MLX allocates at every call costs
+    the host more (``KERNELS``)."""
 
     def __init__(self, dtype):
-        self.scale = self.consts = self.counters = None
+        self.array = None
         self.previous = placeholder(dtype)
+
+    def fit(self, groups, part_words):
+        """Grow the workspace (zeroed) to hold a launch's counters and parts."""
+        width = rows = 0
+        if self.array is not None:
+            rows, width = self.array.shape
+            if width >= groups and (rows - 1) * width >= part_words:
+                return
+        width = max(width, -(-groups // 4) * 4)  # the parts 16-byte aligned
+        part_words = max(part_words, (rows - 1) * width)
+        self.array = mx.zeros((1 + -(-part_words // width), width), mx.uint32)
+        mx.eval(self.array)  # before any launch, so none fills it
+
+
+_WORKSPACES = {}  # query dtype -> _Workspace
+
+
+class _Layer:
+    """What one cache layer's calls share: its constants input (built once per codec and
+    scale) and its plans."""
+
+    def __init__(self):
+        self.scale = self.consts = None
         self.plans = {}
 
     def new_plan(self, codec, config):
@@ -278,12 +340,6 @@ class _Layer:
             self.scale = scale
         return self.consts
 
-    def zeroed_counters(self, groups):
-        if self.counters is None or self.counters.size < groups:
-            self.counters = mx.zeros((groups,), mx.uint32)
-            mx.eval(self.counters)  # before any call, so no launch fills it
-        return self.counters
-
 
 _LAYERS = weakref.WeakKeyDictionary()  # codec -> _Layer
 
@@ -294,7 +350,7 @@ def _cuda_decode_attention(
     codec = kv.codec
     layer = _LAYERS.get(codec)
     if layer is None:
-        layer = _LAYERS[codec] = _Layer(queries.dtype)
+        layer = _LAYERS[codec] = _Layer()
     shape = queries.shape
     B, n_q_heads, L, D = shape
     *stored_keys, rows = kv.stored  # keys stored as they are (turbo0vN), then the rows
@@ -325,7 +381,9 @@ def _cuda_decode_attention(
     at = plan.at
     inputs[0] = queries
     inputs[at["rows"]] = rows
-    inputs[at["previous"]] = layer.previous
+    workspace = plan.workspace
+    inputs[at["workspace"]] = workspace.array
+    inputs[at["previous"]] = workspace.previous
     if stored_keys:
         inputs[at["keys"]] = stored_keys[0]
     if kv.sinks is not None:
@@ -349,7 +407,7 @@ def _cuda_decode_attention(
         template=plan.template,
         **plan.launch(n_tokens),
     )
-    layer.previous = outputs[0]
+    workspace.previous = outputs[0]
     return outputs
 
 
@@ -387,16 +445,14 @@ class _Plan:
         self.has_exact = tail or sink_tokens
         self.most_slices = _most_slices(self.groups)
         self.part_floats = query_rows * (D + 2)
-        # the outputs: the attention's, each group's parts (query rows x D) and their
-        # (max, sum), a raw tail's row, and the recent rows one token on
-        self.output_shapes = [shape, None]
-        self.output_dtypes = [dtype, mx.float32]
+        # the outputs: the attention's, then a raw tail's row, or the recent tail one
+        # token on (led by that row)
+        self.output_shapes = [shape]
+        self.output_dtypes = [dtype]
         if raw_tail:
-            self.output_shapes.append((B, H, 1, codec.row_words))
+            row_shape = (B, H, 1, codec.row_words)
+            self.output_shapes.append(recent_shape or row_shape)
             self.output_dtypes.append(mx.uint32)
-        if recent_shape is not None:
-            self.output_shapes.append(recent_shape)
-            self.output_dtypes.append(dtype)
         self.launches = {}
         key_bits = codec.scheme.key_bits
         flag_bits = flags(
@@ -437,7 +493,12 @@ class _Plan:
         # the layer's arrays; the call's own are set per call (None here)
         self.inputs = [None] * len(names)
         self.inputs[self.at["consts"]] = layer.constants(codec, scale)
-        self.inputs[self.at["counters"]] = layer.zeroed_counters(self.groups)
+        self.workspace = _WORKSPACES.get(dtype) or _WORKSPACES.setdefault(
+            dtype, _Workspace(dtype)
+        )
+        # each group's parts: query rows x D, and their (max, sum)
+        most_parts = self.most_slices + self.has_exact
+        self.workspace.fit(self.groups, self.groups * most_parts * self.part_floats)
         if "kscale" in self.at:
             self.inputs[self.at["kscale"]] = broadcast_rows(codec.key_scale, B)
         if "kmean" in self.at:
@@ -450,12 +511,10 @@ class _Plan:
         n_parts = _slices(n_tokens, self.most_slices) + self.has_exact
         launch = self.launches.get(n_parts)
         if launch is None:
-            shapes = list(self.output_shapes)
-            shapes[1] = (self.groups * n_parts * self.part_floats,)
             launch = self.launches[n_parts] = dict(
                 grid=(n_parts * 32 * WARPS, self.groups, 1),
                 threadgroup=(32 * WARPS, 1, 1),
-                output_shapes=shapes,
+                output_shapes=self.output_shapes,
                 output_dtypes=self.output_dtypes,
             )
         return launch
