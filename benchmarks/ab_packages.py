@@ -43,11 +43,12 @@ def version_env(version):
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(folder), env.get("PYTHONPATH")) if p
     )
-    where = subprocess.run(
+    where = subprocess.run(  # not from here: ``-c`` puts the working directory first
         [sys.executable, "-c", "import mlx_lm_turbo; print(mlx_lm_turbo.__file__)"],
         env=env,
         capture_output=True,
         text=True,
+        cwd=tempfile.gettempdir(),
     ).stdout.strip()
     if not where.startswith(str(folder)):
         sys.exit(
