@@ -776,8 +776,8 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     )
     cache.store_row(view, rows, recent_rows)
     assert cache._recent_rows_now() is recent_rows
-    (written,) = cache._rows_in_place[1]  # the row, sliced from the tail when ordered
-    assert written is recent_rows
+    # the row, sliced from the tail when ordered
+    assert cache._rows_in_place[1] is recent_rows
     cache._order_rows()
     position = cache.offset - 1
     expected = decode_attention.tail_row(view.codec, recent_rows)
@@ -911,6 +911,27 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
         for cache in (deferred, plain):
             cache.update_and_fetch(k, v)
         states_equal(deferred, plain)
+
+
+def test_rows_written_in_place_keep_no_launch_outputs_alive(launch_anywhere):
+    # Each launch's recent tail (the window's rows, led by the new row) is kept until
+    # the next step's; for ordering the cache keeps the last launch's, not every
+    # step's (at W 16 that would be 2 x 15 x 256 floats a step until the cache grows).
+    import gc
+
+    cache = small_cache(recent_exact=16)
+    outputs = decode_steps(cache, 150)
+    mx.eval(outputs)
+    assert len(launch_anywhere) == 150
+    assert all(in_place for _, in_place in launch_anywhere)
+    del outputs
+    launch_anywhere.clear()  # its views hold their steps' tails
+    gc.collect()
+    nbytes, before = cache.nbytes, mx.get_active_memory()
+    del cache
+    gc.collect()
+    freed = before - mx.get_active_memory()
+    assert freed < 2 * nbytes, (freed, nbytes)
 
 
 def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
@@ -1098,7 +1119,7 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
     two = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
     out = decode_steps(one, 4, D=128, dtype=mx.float16)
     assert one._deferred is None  # each launch stored its token's row
-    assert one._rows_in_place[0] == 768  # 766-767 ordered by the growth
+    assert one._rows_in_place[0] == 769  # the last row; 766-767 ordered by the growth
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for a, b in zip(out, decode_steps(two, 4, D=128, dtype=mx.float16)):
         assert relative_error(a, b) < 1e-6

@@ -723,12 +723,13 @@ class TurboQuantKVCache(_TurboCache):
     no update op, which on MLX-CUDA would also copy the layer's whole cache while the
     previous step still runs. MLX knows nothing of that write; the layer's next launch
     is ordered after it (its ``previous`` input), anything else reads the cache after
-    ``_order_rows`` has written those rows again through an op.
+    ``_order_rows`` has written the last such row again through an op.
     """
 
     # (view, keys, values, position, in place) of the decode token waiting for its launch
     _deferred = None
-    # (first position, [rows]) written into their slots by launches, not yet by an op
+    # (position, rows) of the last row a launch wrote into its slot, not yet by an op
+    # (its own, or a recent tail led by it)
     _rows_in_place = None
     # The first slot of the stored buffers that no one else can hold (None: no slot):
     # 0 when they grow into new ones, raised by every slice of them handed out, None
@@ -903,29 +904,21 @@ class TurboQuantKVCache(_TurboCache):
         if recent_rows is not None:
             self._keep_recent_rows(recent_rows)
         if rows is None:
-            rows = recent_rows  # sliced to the row when written (_order_rows)
-        if not in_place:
+            rows = recent_rows  # sliced to the row when written
+        if in_place:
+            self._rows_in_place = (position, rows)
+        else:
             self._write((tail_row(self.codec, rows),), position)
-            return
-        if self._rows_in_place is not None:
-            first, written = self._rows_in_place
-            if first + len(written) == position:
-                written.append(rows)
-                return
-            self._order_rows()
-        self._rows_in_place = (position, [rows])
 
     def _order_rows(self):
-        """Write the rows launches wrote in place again, through an op that takes the
-        launches' outputs: what reads the cache next is then ordered after them (MLX
-        tracks neither those writes nor, within a CUDA graph, the buffer they went to)."""
+        """Write the last row a launch wrote in place again, through an op that takes
+        that launch's output: what reads the cache next is then ordered after it (MLX
+        tracks neither those writes nor, within a CUDA graph, the buffer they went to),
+        and so after every launch before it, which each launch is (``previous``)."""
         if self._rows_in_place is not None:
-            first, written = self._rows_in_place
+            position, rows = self._rows_in_place
             self._rows_in_place = None
-            # the rows alone: a recent tail holds more (a slice of a row is itself)
-            written = [tail_row(self.codec, a) for a in written]
-            rows = written[0] if len(written) == 1 else mx.concatenate(written, axis=2)
-            self._write((rows,), first)
+            self._write((tail_row(self.codec, rows),), position)
 
     def settle(self, view=None):
         """Encode the waiting token as a plain update does and make its view a plain
