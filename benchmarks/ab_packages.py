@@ -20,16 +20,17 @@ import tempfile
 from pathlib import Path
 
 SPLIT = Path(__file__).parent / "decode_step_split.py"
-COLUMNS = ("build us/step", "one step ms", "pipelined ms")
+COLUMNS = ("build us/step", "one step ms", "pipelined ms", "pipelined host CPU ms")
 
 
 def table_rows(path):
-    """{cache: (build us, one step ms, pipelined ms)} from a decode_step_split table."""
+    """{cache: (build us, one step ms, pipelined ms, pipelined host CPU ms)} from a
+    decode_step_split table."""
     rows = {}
     for line in Path(path).read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 4 and cells[1].replace(".", "").isdigit():
-            rows[cells[0]] = tuple(float(c) for c in cells[1:4])
+        if len(cells) >= 7 and cells[1].replace(".", "").isdigit():
+            rows[cells[0]] = tuple(float(c) for c in (*cells[1:4], cells[6]))
     return rows
 
 
@@ -79,24 +80,34 @@ def main():
                 rows = one_round(version, split_args, f"{folder}/{r}_{i}.md")
                 runs[version].append(rows)
                 summary = ", ".join(
-                    f"{cache} {ms[2]:.3f} ms" for cache, ms in rows.items()
+                    f"{cache} {ms[2]:.3f} ms (host CPU {ms[3]:.3f})"
+                    for cache, ms in rows.items()
                 )
                 print(f"round {r + 1}, {version}: pipelined {summary}", flush=True)
     caches = list(runs[args.versions[0]][0])
     print()
-    print(f"Medians of {args.rounds} rounds; vs fp16: the first cache's pipelined step")
-    print("over this cache's, per round, then the median.")
+    print(f"Medians of {args.rounds} rounds; vs first cache: the first cache's")
+    print(
+        "pipelined step (or its host CPU time) over this cache's, per round, then the"
+    )
+    print("median.")
     print()
-    print("| version | cache | " + " | ".join(COLUMNS) + " | vs first cache |")
-    print("|---|---|" + "---:|" * (len(COLUMNS) + 1))
+    print(
+        "| version | cache | "
+        + " | ".join(COLUMNS)
+        + " | vs first cache | host CPU vs first cache |"
+    )
+    print("|---|---|" + "---:|" * (len(COLUMNS) + 2))
     for version, rounds in runs.items():
         for cache in caches:
-            values = [statistics.median(r[cache][k] for r in rounds) for k in range(3)]
-            ratio = statistics.median(r[caches[0]][2] / r[cache][2] for r in rounds)
-            cells = [f"{values[0]:.0f}", f"{values[1]:.3f}", f"{values[2]:.3f}"]
-            print(
-                f"| {version} | {cache} | " + " | ".join(cells) + f" | {ratio:.2f}x |"
-            )
+            values = [statistics.median(r[cache][k] for r in rounds) for k in range(4)]
+            ratios = [
+                statistics.median(r[caches[0]][k] / r[cache][k] for r in rounds)
+                for k in (2, 3)
+            ]
+            cells = [f"{values[0]:.0f}", *(f"{v:.3f}" for v in values[1:])]
+            cells += [f"{ratio:.2f}x" for ratio in ratios]
+            print(f"| {version} | {cache} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -89,21 +89,24 @@ def pipelined_seconds(build, inputs, parts=None):
     the next step's graph built and queued while this one runs. ``parts`` (a dict), if
     given, gets the seconds per step spent building, queueing (``mx.async_eval``: MLX's
     host work per op) and waiting for the step before: where the host waits, the
-    device (or a stall) bounds the step."""
-    spent = dict.fromkeys(("build", "queue", "wait"), 0.0)
+    device (or a stall) bounds the step; and ``cpu``, the calling thread's CPU seconds
+    building and queueing (both run in it): the host's work without the time it lost
+    to other processes, which on a shared host moves wall times between runs."""
+    spent = dict.fromkeys(("build", "queue", "wait", "cpu"), 0.0)
     start = time.perf_counter()
     running = None
     for x in inputs:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         queued = build(x)
         t1 = time.perf_counter()
         mx.async_eval(queued)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         if running is not None:
             mx.eval(running)
         spent["build"] += t1 - t0
         spent["queue"] += t2 - t1
         spent["wait"] += time.perf_counter() - t2
+        spent["cpu"] += c2 - c0
         running = queued
     t0 = time.perf_counter()
     mx.eval(running)

@@ -10,7 +10,8 @@ run three ways, side by side in one run:
 - pipelined: ms per step as mlx_lm.generate runs decode (the next step's graph built
   and queued while this one runs): max(host, GPU) when they overlap; split into the
   host's building, its queueing (``mx.async_eval``: MLX's work per op) and its waiting
-  for the step before.
+  for the step before; and the host's CPU time of building and queueing (the thread's
+  own: what the host's work costs without the time other processes took from it).
 
 Where build is most of a pipelined step the host bounds decode speed; where the
 pipelined step is much longer than the build, the GPU (or the host's scheduling in
@@ -53,7 +54,7 @@ from decode_attention import pipelined_seconds  # noqa: E402
 
 def decode_split(model, kind, tokens, context, steps, profiler=None):
     """(build seconds per step, one-step seconds, pipelined seconds, and its build,
-    queue and wait seconds) for one cache;
+    queue and wait seconds and the host's CPU seconds) for one cache;
     ``profiler`` (a cProfile.Profile) records the one-step runs' building."""
     gc.collect()
     mx.clear_cache()
@@ -83,7 +84,7 @@ def decode_split(model, kind, tokens, context, steps, profiler=None):
     pipelined = pipelined_seconds(
         lambda x: build(x)[0], inputs[steps + 1 : 2 * steps + 1], parts
     )
-    return building / steps, one_step, pipelined, *parts.values()
+    return building / steps, one_step, pipelined, *parts.values()  # build ... cpu
 
 
 def main():
@@ -117,8 +118,8 @@ def main():
         "rounds",
         "",
         "| cache | build us/step | one step ms | pipelined ms | pipelined vs fp16 "
-        "| pipelined: build / queue / wait ms |",
-        "|---|---:|---:|---:|---:|---|",
+        "| pipelined: build / queue / wait ms | pipelined: host CPU ms | vs fp16 |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     print("\n".join(lines), flush=True)
     kinds = cache_kinds(args)
@@ -133,17 +134,17 @@ def main():
                     model, kind, tokens, args.context, args.steps, profilers[kind.name]
                 )
             )
-    reference = None
+    reference = reference_cpu = None
     for kind in kinds:
-        build, one_step, pipelined, *parts = map(
+        build, one_step, pipelined, *parts, cpu = map(
             statistics.median, zip(*runs[kind.name])
         )
-        reference = reference or pipelined
+        reference, reference_cpu = reference or pipelined, reference_cpu or cpu
         line = (
             f"| {kind.name} | {build * 1e6:.0f} | {one_step * 1e3:.3f} | "
             f"{pipelined * 1e3:.3f} | {reference / pipelined:.2f}x | "
             + " / ".join(f"{p * 1e3:.3f}" for p in parts)
-            + " |"
+            + f" | {cpu * 1e3:.3f} | {reference_cpu / cpu:.2f}x |"
         )
         lines.append(line)
         print(line, flush=True)
