@@ -584,6 +584,25 @@ def recording_kernel(calls):
     return kernel
 
 
+def test_the_shared_workspace_grows_to_every_launch_it_has_served():
+    # Row 0: a counter per group (the kernel finds the parts one row in, after
+    # workspace_shape[1] words); the rows after it: the parts. Growing for one launch
+    # must keep room for the launches before, and start zeroed (the counters).
+    from mlx_lm_turbo.kernels.decode_attention import _Workspace
+
+    workspace = _Workspace(mx.float16)
+    workspace.fit(3, 1000)
+    first = workspace.array
+    assert first.dtype == mx.uint32 and first.shape[1] % 4 == 0  # parts 16-byte aligned
+    assert first.shape[1] >= 3 and (first.shape[0] - 1) * first.shape[1] >= 1000
+    workspace.fit(2, 500)  # fits already: the same array
+    assert workspace.array is first
+    workspace.fit(9, 100)  # more groups: wider, the parts' room kept
+    rows, width = workspace.array.shape
+    assert width >= 9 and (rows - 1) * width >= 1000
+    assert not mx.any(workspace.array).item()
+
+
 def test_every_call_passes_queries_constants_rows_workspace_and_previous():
     # Also a variant of no flags at all (no tail, no sink tokens, no mask, no key
     # statistics): it still needs the arrays every call reads.
