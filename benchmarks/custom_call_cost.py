@@ -1,8 +1,9 @@
 """Host microseconds per custom-kernel call in a pipelined decode-like chain (MLX-CUDA):
 30 chained calls of a kernel with an empty body a step, built and queued as mlx_lm
 decodes (``decode_attention.pipelined_seconds``), for calls shaped like the default
-turbo4 decode launch (12 inputs, 13 shapes and strides named, 4 outputs) and with fewer
-inputs, outputs or named shapes and strides. What each costs the host, building
+turbo4 decode launch as it was at b4a5294 (12 inputs, 13 shapes and strides named, 4
+outputs; since 6f6023d it has 2) and with fewer inputs, outputs or named shapes and
+strides. What each costs the host, building
 (``cuda_kernel`` call) and queueing (MLX's ``eval_gpu``, the CUDA graph's node), decides
 which of them a decode launch should shed. The variants take turns, ``--rounds`` times;
 medians.
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from decode_attention import pipelined_seconds  # noqa: E402
 
 LAYERS = 30
-# The default turbo4 decode launch's inputs on SmolLM2 (1 sequence, 9 query / 3 KV heads,
+# The default turbo4 decode launch's inputs (and below its outputs) at b4a5294 on SmolLM2 (1 sequence, 9 query / 3 KV heads,
 # head_dim 64, 16 sink tokens, 15 recent): name -> (shape, dtype, shapes/strides named).
 INPUTS = {
     "q": ((1, 9, 1, 64), mx.float16, ("strides",)),
