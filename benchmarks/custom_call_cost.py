@@ -3,10 +3,9 @@
 decodes (``decode_attention.pipelined_seconds``), for calls shaped like the default
 turbo4 decode launch as it was at b4a5294 (12 inputs, 13 shapes and strides named, 4
 outputs; since 6f6023d it has 2) and with fewer inputs, outputs or named shapes and
-strides. What each costs the host, building
-(``cuda_kernel`` call) and queueing (MLX's ``eval_gpu``, the CUDA graph's node), decides
-which of them a decode launch should shed. The variants take turns, ``--rounds`` times;
-medians.
+strides. What each costs the host, building (``cuda_kernel`` call) and queueing (MLX's
+``eval_gpu``, the CUDA graph's node), decides which of them a decode launch should shed.
+The variants take turns, ``--rounds`` times; medians.
 
     python benchmarks/custom_call_cost.py [--rounds 5] [--steps 200]
 """
