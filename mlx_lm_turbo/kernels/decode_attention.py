@@ -12,8 +12,9 @@ online softmax per row; the exact tokens (sink tokens, the current chunk and the
 recent tokens before it) form one more slice, read from their copies in the model's
 dtype (at decode the token itself as the model gave it, encoded in the launch). Each
 slice writes its unnormalised output rows and their (max, sum) into a workspace that
-every launch shares; the last slice of a group to finish merges them (log-sum-exp), adds a GPT-OSS attention-sink logit,
-rotates the rows back out of the value rotation and casts them.
+every launch shares; the last slice of a group to finish merges them (log-sum-exp),
+adds a GPT-OSS attention-sink logit, rotates the rows back out of the value rotation
+and casts them.
 
 One kernel a layer: on MLX-CUDA each op of a chained decode step costs tens of
 microseconds, most of it on the host (benchmarks/results/decode_kernel_h200_*.md);
@@ -98,7 +99,7 @@ def fused_decode_and_encode(queries, kv, scale, mask, sinks=None, in_place=False
     through an op that takes the returned one). With a window of exact recent tokens
     (``kv.recent``: the tokens before this one as a recent tail, ``recent_tail``), the
     launch reads them exactly and returns them one token on, led by the new token's row
-    (``tail_row``), which it then returns alone no more."""
+    (``tail_row``) instead of returning that row apart."""
     if (
         queries.shape[2] != 1
         or kv.new_keys.shape[2] != 1
