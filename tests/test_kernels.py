@@ -601,6 +601,22 @@ def test_the_shared_workspace_grows_to_every_launch_it_has_served():
     rows, width = workspace.array.shape
     assert width >= 9 and (rows - 1) * width >= 1000
     assert not mx.any(workspace.array).item()
+    assert (workspace.groups, workspace.part_words) == (width, (rows - 1) * width)
+
+
+def test_threads_share_no_workspace():
+    # Launches that threads build (on MLX streams of their own) are not ordered
+    # against each other: each thread has its own workspace and chain of launches.
+    import threading
+
+    from mlx_lm_turbo.kernels.decode_attention import _workspace
+
+    mine, theirs = _workspace(mx.float16), []
+    thread = threading.Thread(target=lambda: theirs.append(_workspace(mx.float16)))
+    thread.start()
+    thread.join()
+    assert _workspace(mx.float16) is mine and theirs[0] is not mine
+    assert _workspace(mx.bfloat16) is not mine
 
 
 def test_every_call_passes_queries_constants_rows_workspace_and_previous():

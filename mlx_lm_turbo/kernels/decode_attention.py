@@ -22,6 +22,7 @@ a second kernel for the merge measured slower (decode_kernel_h200_809a21d.md).
 """
 
 import math
+import threading
 import weakref
 from functools import lru_cache
 
@@ -280,32 +281,43 @@ def _slices(n_tokens, most_slices):
 
 
 class _Workspace:
-    """What every launch for queries of one dtype shares: the workspace (a row of group
-    counters, zero between launches, then rows for the slices' parts and their (max,
-    sum)) and the last launch's output. Each launch takes that output as an input
-    (unread): MLX then runs the launches one after another, which could otherwise
-    overlap on the GPU and share the workspace. One for every layer: a layer's own
-    would hold memory between steps, and an output MLX allocates at every call costs
-    the host more (``KERNELS``)."""
+    """What the launches a thread builds for queries of one dtype share: the workspace
+    (a row of group counters, zero between launches, then rows for the slices' parts
+    and their (max, sum)) and the last launch's output. Each launch takes that output
+    as an input (unread): MLX then runs the launches one after another, which could
+    otherwise overlap on the GPU and share the workspace. One for every layer: a
+    layer's own would hold memory between steps, and an output MLX allocates at every
+    call costs the host more (``KERNELS``). One for each thread: launches that threads
+    build on streams of their own are not ordered against each other."""
 
     def __init__(self, dtype):
         self.array = None
         self.previous = placeholder(dtype)
+        self.groups = self.part_words = 0  # what the array holds room for
 
     def fit(self, groups, part_words):
         """Grow the workspace (zeroed) to hold a launch's counters and parts."""
-        width = rows = 0
-        if self.array is not None:
-            rows, width = self.array.shape
-            if width >= groups and (rows - 1) * width >= part_words:
-                return
-        width = max(width, -(-groups // 4) * 4)  # the parts 16-byte aligned
-        part_words = max(part_words, (rows - 1) * width)
-        self.array = mx.zeros((1 + -(-part_words // width), width), mx.uint32)
+        if groups <= self.groups and part_words <= self.part_words:
+            return
+        width = max(self.groups, -(-groups // 4) * 4)  # the parts 16-byte aligned
+        rows = -(-max(part_words, self.part_words) // width)
+        self.array = mx.zeros((1 + rows, width), mx.uint32)
         mx.eval(self.array)  # before any launch, so none fills it
+        self.groups, self.part_words = width, rows * width
 
 
-_WORKSPACES = {}  # query dtype -> _Workspace
+_THREAD = threading.local()  # .workspaces: query dtype -> this thread's _Workspace
+
+
+def _workspace(dtype):
+    try:
+        return _THREAD.workspaces[dtype]
+    except AttributeError:
+        _THREAD.workspaces = {}
+    except KeyError:
+        pass
+    workspace = _THREAD.workspaces[dtype] = _Workspace(dtype)
+    return workspace
 
 
 class _Layer:
@@ -382,7 +394,8 @@ def _cuda_decode_attention(
     at = plan.at
     inputs[0] = queries
     inputs[at["rows"]] = rows
-    workspace = plan.workspace
+    workspace = _workspace(queries.dtype)
+    workspace.fit(plan.groups, plan.part_words)
     inputs[at["workspace"]] = workspace.array
     inputs[at["previous"]] = workspace.previous
     if stored_keys:
@@ -494,12 +507,10 @@ class _Plan:
         # the layer's arrays; the call's own are set per call (None here)
         self.inputs = [None] * len(names)
         self.inputs[self.at["consts"]] = layer.constants(codec, scale)
-        self.workspace = _WORKSPACES.get(dtype) or _WORKSPACES.setdefault(
-            dtype, _Workspace(dtype)
-        )
-        # each group's parts: query rows x D, and their (max, sum)
+        # the workspace's room for the parts: each group's query rows x D, and their
+        # (max, sum), at most ``most_parts`` of them
         most_parts = self.most_slices + self.has_exact
-        self.workspace.fit(self.groups, self.groups * most_parts * self.part_floats)
+        self.part_words = self.groups * most_parts * self.part_floats
         if "kscale" in self.at:
             self.inputs[self.at["kscale"]] = broadcast_rows(codec.key_scale, B)
         if "kmean" in self.at:
