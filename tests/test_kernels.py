@@ -818,6 +818,8 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     expected = decode_attention.tail_row(view.codec, recent_rows)
     assert mx.array_equal(cache.stored[-1][:, :, position : position + 1], expected)
     assert expected.shape == (1, 2, 1, view.codec.row_words) and expected.max() > 0
+    # a row alone (a launch without a window) is written as it is, no slice op
+    assert decode_attention.tail_row(view.codec, expected) is expected
 
 
 # -- a decode token encoded in its attention launch ------------------------------
