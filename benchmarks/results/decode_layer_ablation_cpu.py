@@ -11,16 +11,13 @@ inputs.
 import sys
 from pathlib import Path
 
-import mlx.core as mx
-
 sys.path.insert(0, str(Path(__file__).parent))
 # its import stubs the kernels; the layer is timed as it times it
-from decode_layer_checks_cpu import KV_HEADS, Q_HEADS, D, layer_build_us  # noqa: E402
+from decode_layer_checks_cpu import layer_build_us, layer_inputs  # noqa: E402
 
 import mlx_lm_turbo.cache.cache as cache_module  # noqa: E402
 import mlx_lm_turbo.kernels.decode_attention as decode_attention  # noqa: E402
 import mlx_lm_turbo.kernels.dispatch as dispatch  # noqa: E402
-from mlx_lm_turbo.cache.attention import install_attention_dispatch  # noqa: E402
 
 
 def kernel_outputs_made_once():
@@ -41,11 +38,7 @@ def kernel_outputs_made_once():
 
 
 def main():
-    install_attention_dispatch()
-    history = mx.random.normal((1, KV_HEADS, 2048, D)).astype(mx.float16)
-    query = mx.random.normal((1, Q_HEADS, 1, D)).astype(mx.float16)
-    mx.eval(history, query)
-    print(f"{mx.default_device()}, MLX {mx.__version__}")
+    history, query = layer_inputs()
     steps = [
         ("as it is", lambda: None),
         ("the stand-in kernel call taken away", kernel_outputs_made_once),
