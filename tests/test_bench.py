@@ -290,7 +290,8 @@ def test_a_run_cut_off_after_its_rows_still_renders(tmp_path):
     bench.main(["--from-json", str(saved), "--out", str(tmp_path / "again")])
     table = (tmp_path / "again" / "results.md").read_text()
     assert (
-        "| fp16 | 16.000 | 16.000 | 1024 | 0.0000 | 1.000 | 9.00 | - | - | - |" in table
+        "| fp16 | 16.000 | 16.000 | 1024 | 0.0000 | 1.000 | 9.00 | - | - | - | - |"
+        in table
     )
 
 
@@ -315,7 +316,7 @@ def test_needle_trials_take_other_slices_and_passphrases(
         bench,
         "retrieve",
         lambda model, tokenizer, kind, prompt, word: (
-            prompts.append((prompt, word)) or True
+            prompts.append((prompt, word)) or (True, -0.5)
         ),
     )
     results = run_bench(
@@ -332,3 +333,58 @@ def test_needle_trials_take_other_slices_and_passphrases(
     assert len({w for _, w in prompts}) == 6
     starts = {tuple(p[1:20]) for p, _ in prompts}  # the book slice each begins with
     assert len(starts) == 3
+
+
+def test_needle_answer_logprob_is_the_models_after_the_whole_prompt(tiny_model):
+    # The same number a plain mlx-lm cache's logits give for the passphrase's first
+    # token after the cue, whatever the greedy answer was.
+    model, tokenizer = load(str(tiny_model("llama")))
+    word = "tangerine"
+    token = bench.answer_token(tokenizer, word)
+    assert word.startswith(tokenizer.decode([token]).strip())
+    prompt = bench.needle_prompt(tokenizer, 200, 0.5, word)
+    found, logprob = bench.retrieve(
+        model, tokenizer, bench.CacheKind("fp16", 0), prompt, word
+    )
+    logits = model(mx.array(prompt)[None], cache=mlx_make_prompt_cache(model))[0, -1]
+    expected = (logits[token] - mx.logsumexp(logits)).item()
+    assert logprob == pytest.approx(expected, abs=1e-4) and logprob < 0
+    assert isinstance(found, bool)
+
+
+def test_needle_log_p_column_pairs_each_cache_with_the_first(tmp_path):
+    # Each cache's mean, and its mean difference from the first cache's on the prompts
+    # both answered (a prompt only one of them reached is left out of the difference).
+    row = {
+        "context": 64,
+        "kl": 0.0,
+        "top1": 1.0,
+        "ppl": 9.0,
+        "ppl_reference": 9.0,
+        "bits_per_value": 16,
+        "kv_bytes_per_token": 1024.0,
+    }
+    needle = [
+        ("fp16", 0, -1.0),
+        ("turbo4", 0, -1.5),
+        ("fp16", 1, -3.0),
+        ("turbo4", 1, -3.25),
+        ("turbo4", 2, -8.0),
+    ]
+    results = {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float16",
+        "decode_steps": 4,
+        "boundary_skip": 2,
+        "rows": [{**row, "cache": "fp16"}, {**row, "cache": "turbo4"}],
+        "needle": [
+            {"cache": c, "context": 512, "depth": 0.5, "trial": t, "found": True}
+            | {"answer_logprob": p}
+            for c, t, p in needle
+        ],
+        "peak_memory": [],
+    }
+    table = bench.markdown(results)
+    assert "| 2/2 | -2.00 | - | - |" in table
+    assert "| 3/3 | -4.25 (-0.38) | - | - |" in table

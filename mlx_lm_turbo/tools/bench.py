@@ -4,7 +4,9 @@ For every cache it measures, side by side in one run against an fp16 cache:
 bits per value and KV bytes per token; KL divergence of next-token
 distributions, perplexity and top-1 agreement (a book slice of each context
 length prefilled, then decoded one token at a time, teacher-forced); needle
-retrieval at several depths and context lengths; prefill and decode speed as
+retrieval at several depths and context lengths (found or not, and the
+log-probability of the passphrase's first token, a margin that a few trials'
+hits and misses hide); prefill and decode speed as
 ratios to fp16; and peak memory while prefilling the longest context. It writes
 results.json, results.md, kl_vs_bits.png and memory_vs_context.png.
 
@@ -232,7 +234,19 @@ def needle_prompt(tokenizer, context, depth, word, start=0.1):
     return haystack[:at] + needle + haystack[at:] + cue
 
 
+def answer_token(tokenizer, word):
+    """The passphrase's first token as it follows the cue: where the cue's tokens and
+    those of the cue and the passphrase part (a tokenizer may merge across the space)."""
+    cue = tokenizer.encode(CUE, add_special_tokens=False)
+    answer = tokenizer.encode(CUE + " " + word, add_special_tokens=False)
+    shared = next((i for i, (a, b) in enumerate(zip(cue, answer)) if a != b), len(cue))
+    return answer[shared]
+
+
 def retrieve(model, tokenizer, kind, prompt, word, max_tokens=6):
+    """(whether the greedy answer holds the passphrase, the log-probability the model
+    gives the passphrase's first token right after the cue): the second tells how
+    near a found needle was to being lost, or a lost one to being found."""
     from mlx_lm import stream_generate
 
     cache = kind.make(model)
@@ -240,13 +254,14 @@ def retrieve(model, tokenizer, kind, prompt, word, max_tokens=6):
         model(mx.array(prompt[:-1])[None], cache=cache)
         cache = kind.after_prefill(cache)
         prompt = prompt[-1:]
-    text = "".join(
-        r.text
-        for r in stream_generate(
+    responses = list(
+        stream_generate(
             model, tokenizer, prompt, max_tokens=max_tokens, prompt_cache=cache
         )
     )
-    return word in text.lower()
+    text = "".join(r.text for r in responses)
+    logprob = responses[0].logprobs[answer_token(tokenizer, word)].item()
+    return word in text.lower(), logprob
 
 
 def peak_prefill_memory(model, kind, tokens, chunk=512):
@@ -361,7 +376,7 @@ def run(args, checkpoint=lambda results: None):
             start = NEEDLE_TRIAL_STARTS[trial]
             prompt = needle_prompt(tokenizer, context, depth, word, start)
             for kind in kinds:
-                found = retrieve(model, tokenizer, kind, prompt, word)
+                found, logprob = retrieve(model, tokenizer, kind, prompt, word)
                 results["needle"].append(
                     {
                         "cache": kind.name,
@@ -369,13 +384,14 @@ def run(args, checkpoint=lambda results: None):
                         "depth": depth,
                         "trial": trial,
                         "found": found,
+                        "answer_logprob": logprob,
                     }
                 )
             checkpoint(results)
             say(
                 f"needle {context} tokens at depth {depth:.2f} (trial {trial + 1}): "
                 + " ".join(
-                    f"{k.name}={'Y' if r['found'] else 'n'}"
+                    f"{k.name}={'Y' if r['found'] else 'n'} ({r['answer_logprob']:.2f})"
                     for k, r in zip(kinds, results["needle"][-len(kinds) :])
                 )
             )
@@ -399,6 +415,29 @@ def run(args, checkpoint=lambda results: None):
 def _fmt_needle(results, name):
     hits = [r["found"] for r in results["needle"] if r["cache"] == name]
     return f"{sum(hits)}/{len(hits)}" if hits else "-"
+
+
+def _fmt_answer_logprob(results, name, reference):
+    """The mean log-probability of the passphrase's first token and, beside it, the
+    mean difference from ``reference``'s on the same prompts ("-" in results from
+    before it was recorded)."""
+
+    def by_prompt(cache):
+        return {
+            (r["context"], r["depth"], r["trial"]): r["answer_logprob"]
+            for r in results["needle"]
+            if r["cache"] == cache and "answer_logprob" in r
+        }
+
+    mine, theirs = by_prompt(name), by_prompt(reference)
+    if not mine:
+        return "-"
+    text = f"{sum(mine.values()) / len(mine):.2f}"
+    shared = mine.keys() & theirs.keys()
+    if name != reference and shared:
+        delta = sum(mine[k] - theirs[k] for k in shared) / len(shared)
+        text += f" ({delta:+.2f})"
+    return text
 
 
 def _fmt_speed(row, phase):
@@ -427,7 +466,7 @@ def markdown(results):
     header = "| cache | bits/value | all in | KV bytes/token |"
     for c in contexts:
         header += f" KL @{c} | top-1 @{c} | ppl @{c} |"
-    header += " needle | prefill vs fp16 | decode vs fp16 |"
+    header += " needle | needle log p | prefill vs fp16 | decode vs fp16 |"
     lines += [header, "|---" * (header.count("|") - 1) + "|"]
     names = list(dict.fromkeys(r["cache"] for r in results["rows"]))
     for name in names:
@@ -443,7 +482,9 @@ def markdown(results):
                 f" {rows[c]['kl']:.4f} | {rows[c]['top1']:.3f} | {rows[c]['ppl']:.2f} |"
             )
         line += (
-            f" {_fmt_needle(results, name)} | {_fmt_speed(last, 'prefill')} |"
+            f" {_fmt_needle(results, name)} |"
+            f" {_fmt_answer_logprob(results, name, names[0])} |"
+            f" {_fmt_speed(last, 'prefill')} |"
             f" {_fmt_speed(last, 'decode')} |"
         )
         lines.append(line)
