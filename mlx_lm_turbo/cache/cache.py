@@ -911,14 +911,24 @@ class TurboQuantKVCache(_TurboCache):
             self._write((tail_row(self.codec, rows),), position)
 
     def _order_rows(self):
-        """Write the last row a launch wrote in place again, through an op that takes
-        that launch's output: what reads the cache next is then ordered after it (MLX
-        tracks neither those writes nor, within a CUDA graph, the buffer they went to),
-        and so after every launch before it, which each launch is (``previous``)."""
+        """Make the stored rows an array that MLX computes after the last launch that
+        wrote a row in place, and so after every launch before it, which each launch is
+        (``previous``); then write that launch's row through an op as well. MLX tracks
+        neither those writes nor, within a CUDA graph, the buffer they went to.
+
+        The ordering takes one kernel that reads both the buffer and the launch's
+        output: a slice update alone would not do, as MLX-CUDA copies a buffer it
+        cannot donate in a kernel of its own, ordered only after that buffer's last
+        known writer, so the copy could miss the rows launches write meanwhile (on the
+        H200 it lost the first of six steps' rows:
+        benchmarks/results/rows_in_place_h200_f6e8e08.md)."""
         if self._rows_in_place is not None:
             position, rows = self._rows_in_place
             self._rows_in_place = None
-            self._write((tail_row(self.codec, rows),), position)
+            row = tail_row(self.codec, rows)
+            first, *rest = self.stored
+            self.stored = (first | (row[..., :1] & 0), *rest)
+            self._write((row,), position)
 
     def settle(self, view=None):
         """Encode the waiting token as a plain update does and make its view a plain
