@@ -354,7 +354,8 @@ def test_needle_answer_logprob_is_the_models_after_the_whole_prompt(tiny_model):
 
 def test_needle_log_p_column_pairs_each_cache_with_the_first(tmp_path):
     # Each cache's mean, and its mean difference from the first cache's on the prompts
-    # both answered (a prompt only one of them reached is left out of the difference).
+    # both answered (a prompt only one of them reached is left out of the difference),
+    # with that mean's standard error: differences -0.5 and -0.25.
     row = {
         "context": 64,
         "kl": 0.0,
@@ -387,4 +388,4 @@ def test_needle_log_p_column_pairs_each_cache_with_the_first(tmp_path):
     }
     table = bench.markdown(results)
     assert "| 2/2 | -2.00 | - | - |" in table
-    assert "| 3/3 | -4.25 (-0.38) | - | - |" in table
+    assert "| 3/3 | -4.25 (-0.38 ± 0.12) | - | - |" in table

@@ -24,6 +24,7 @@ backend), so their memory is computed from their storage format, not measured.
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -419,8 +420,8 @@ def _fmt_needle(results, name):
 
 def _fmt_answer_logprob(results, name, reference):
     """The mean log-probability of the passphrase's first token and, beside it, the
-    mean difference from ``reference``'s on the same prompts ("-" in results from
-    before it was recorded)."""
+    mean difference from ``reference``'s on the same prompts with its standard error
+    ("-" in results from before it was recorded)."""
 
     def by_prompt(cache):
         return {
@@ -435,8 +436,13 @@ def _fmt_answer_logprob(results, name, reference):
     text = f"{sum(mine.values()) / len(mine):.2f}"
     shared = mine.keys() & theirs.keys()
     if name != reference and shared:
-        delta = sum(mine[k] - theirs[k] for k in shared) / len(shared)
-        text += f" ({delta:+.2f})"
+        deltas = [mine[k] - theirs[k] for k in shared]
+        mean = sum(deltas) / len(deltas)
+        text += f" ({mean:+.2f}"
+        if len(deltas) > 1:
+            variance = sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)
+            text += f" ± {math.sqrt(variance / len(deltas)):.2f}"
+        text += ")"
     return text
 
 
