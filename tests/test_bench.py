@@ -19,6 +19,34 @@ def run_bench(tiny_model, out, *options):
     return json.loads((out / "results.json").read_text())
 
 
+def recorded_row(cache):
+    """A row as a run records it: one context, an uncompressed cache's numbers."""
+    return {
+        "cache": cache,
+        "context": 64,
+        "kl": 0.0,
+        "top1": 1.0,
+        "ppl": 9.0,
+        "ppl_reference": 9.0,
+        "bits_per_value": 16,
+        "bits_all_in": 16.0,
+        "kv_bytes_per_token": 1024.0,
+    }
+
+
+def recorded_results(rows, **phases):
+    """Results as a run records them, with ``rows`` and the given phases' lists."""
+    return {
+        "model": "m",
+        "device": "cpu",
+        "dtype": "float16",
+        "decode_steps": 4,
+        "boundary_skip": 2,
+        "rows": rows,
+        **phases,
+    }
+
+
 def test_metrics_of_identical_caches(tiny_model):
     model, _ = load(str(tiny_model("llama")))
     tokens = mx.random.randint(3, 262, (40,), key=mx.random.key(2))
@@ -112,16 +140,7 @@ def test_without_matplotlib_no_plots_are_claimed(tmp_path, monkeypatch, capsys):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
-    results = {
-        "model": "m",
-        "device": "cpu",
-        "dtype": "float16",
-        "decode_steps": 1,
-        "boundary_skip": 2,
-        "rows": [],
-        "needle": [],
-        "peak_memory": [],
-    }
+    results = recorded_results([], needle=[], peak_memory=[])
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     bench.write(results, tmp_path)
     err = capsys.readouterr().err
@@ -266,27 +285,8 @@ def test_all_in_bits_of_a_hybrid_model_count_only_keys_and_values(tiny_model):
 def test_a_run_cut_off_after_its_rows_still_renders(tmp_path):
     # The checkpoint a killed run leaves (rows measured, no needle or memory phase yet,
     # as runs before these keys were written at the start left it) gives its table.
-    row = {
-        "cache": "fp16",
-        "context": 64,
-        "kl": 0.0,
-        "top1": 1.0,
-        "ppl": 9.0,
-        "ppl_reference": 9.0,
-        "bits_per_value": 16,
-        "bits_all_in": 16.0,
-        "kv_bytes_per_token": 1024.0,
-    }
-    results = {
-        "model": "m",
-        "device": "cpu",
-        "dtype": "float16",
-        "decode_steps": 4,
-        "boundary_skip": 2,
-        "rows": [row],
-    }
     saved = tmp_path / "results.json"
-    saved.write_text(json.dumps(results))
+    saved.write_text(json.dumps(recorded_results([recorded_row("fp16")])))
     bench.main(["--from-json", str(saved), "--out", str(tmp_path / "again")])
     table = (tmp_path / "again" / "results.md").read_text()
     assert (
@@ -352,19 +352,10 @@ def test_needle_answer_logprob_is_the_models_after_the_whole_prompt(tiny_model):
     assert isinstance(found, bool)
 
 
-def test_needle_log_p_column_pairs_each_cache_with_the_first(tmp_path):
+def test_needle_log_p_column_pairs_each_cache_with_the_first():
     # Each cache's mean, and its mean difference from the first cache's on the prompts
     # both answered (a prompt only one of them reached is left out of the difference),
     # with that mean's standard error: differences -0.5 and -0.25.
-    row = {
-        "context": 64,
-        "kl": 0.0,
-        "top1": 1.0,
-        "ppl": 9.0,
-        "ppl_reference": 9.0,
-        "bits_per_value": 16,
-        "kv_bytes_per_token": 1024.0,
-    }
     needle = [
         ("fp16", 0, -1.0),
         ("turbo4", 0, -1.5),
@@ -372,20 +363,15 @@ def test_needle_log_p_column_pairs_each_cache_with_the_first(tmp_path):
         ("turbo4", 1, -3.25),
         ("turbo4", 2, -8.0),
     ]
-    results = {
-        "model": "m",
-        "device": "cpu",
-        "dtype": "float16",
-        "decode_steps": 4,
-        "boundary_skip": 2,
-        "rows": [{**row, "cache": "fp16"}, {**row, "cache": "turbo4"}],
-        "needle": [
+    results = recorded_results(
+        [recorded_row("fp16"), recorded_row("turbo4")],
+        needle=[
             {"cache": c, "context": 512, "depth": 0.5, "trial": t, "found": True}
             | {"answer_logprob": p}
             for c, t, p in needle
         ],
-        "peak_memory": [],
-    }
+        peak_memory=[],
+    )
     table = bench.markdown(results)
     assert "| 2/2 | -2.00 | - | - |" in table
     assert "| 3/3 | -4.25 (-0.38 ± 0.12) | - | - |" in table
