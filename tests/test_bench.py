@@ -112,7 +112,7 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
         (["--decode", "0"], "--decode must be at least 1, got 0"),
         (["--contexts", "512", "-4"], "--contexts must be at least 1"),
         (["--needle-depths", "1.5"], "from 0 to 1"),
-        (["--needle-trials", "5"], "--needle-trials must be 1 to 4, got 5."),
+        (["--needle-trials", "9"], "--needle-trials must be 1 to 8, got 9."),
         (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
         (
             ["--recent-exact", "0"],
@@ -324,15 +324,15 @@ def test_needle_trials_take_other_slices_and_passphrases(
         tmp_path,
         *("--caches", "fp16", "--contexts", "64", "--decode", "2", "--no-speed"),
         *("--needle-contexts", "200", "--needle-depths", "0.2", "0.8"),
-        *("--needle-trials", "3", "--memory-context", "0"),
+        *("--needle-trials", "8", "--memory-context", "0"),
     )
     assert [(n["depth"], n["trial"]) for n in results["needle"]] == [
-        (d, t) for t in range(3) for d in (0.2, 0.8)
+        (d, t) for t in range(8) for d in (0.2, 0.8)
     ]
-    assert len({tuple(p) for p, _ in prompts}) == 6  # six different prompts
-    assert len({w for _, w in prompts}) == 6
+    assert len({tuple(p) for p, _ in prompts}) == 16  # all different prompts
+    assert len({w for _, w in prompts}) == len(bench.NEEDLE_WORDS)
     starts = {tuple(p[1:20]) for p, _ in prompts}  # the book slice each begins with
-    assert len(starts) == 3
+    assert len(starts) == 8
 
 
 def test_needle_answer_logprob_is_the_models_after_the_whole_prompt(tiny_model):
