@@ -35,7 +35,7 @@ from mlx_lm_turbo.kernels import (
     kernel_mode,
     layer_support,
 )
-from mlx_lm_turbo.kernels.decode_attention import recent_tail, tail_rows
+from mlx_lm_turbo.kernels.decode_attention import recent_tail, tail_row, tail_rows
 
 ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 TOLERANCE = 2e-3
@@ -948,6 +948,62 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
         for cache in (deferred, plain):
             cache.update_and_fetch(k, v)
         states_equal(deferred, plain)
+
+
+def graph_ops(array, tmp_path):
+    """The ops MLX would run to compute ``array``, from its DOT export: {op id: (name,
+    input array names in order, output array names)}."""
+    import re
+
+    path = tmp_path / "graph.dot"
+    mx.export_to_dot(str(path), array)
+    ops = {}
+    for line in path.read_text().splitlines():
+        if m := re.match(r'\{ (\d+) \[label ="([^"]+)"', line.strip()):
+            ops[m[1]] = (m[2], [], [])
+        elif m := re.match(r'"(\w+)" -> (\d+)$', line.strip()):
+            ops[m[2]][1].append(m[1])
+        elif m := re.match(r'(\d+) -> "(\w+)"$', line.strip()):
+            ops[m[1]][2].append(m[2])
+    return ops
+
+
+def test_ordering_rows_written_in_place_reads_the_launch_output_in_one_kernel(
+    launch_anywhere, tmp_path
+):
+    # MLX-CUDA orders a graph's kernels by the buffers each reads and writes. A slice
+    # update copies a buffer it cannot donate in a kernel that does not read the
+    # update, so the row of the last launch alone would not order that copy after
+    # the launches writing into the buffer (on the H200 it lost rows:
+    # benchmarks/results/rows_in_place_h200_f6e8e08.md). The buffer the row goes into
+    # must come from one elementwise kernel that reads the launch's output too.
+    cache = small_cache(recent_exact=16)
+    decode_steps(cache, 3)
+    assert all(in_place for _, in_place in launch_anywhere)
+    position, rows = cache._rows_in_place
+    cache._order_rows()
+    ops = graph_ops(cache.stored[0], tmp_path)
+    (write,) = [
+        op
+        for op in ops.values()
+        if op[0] == "SliceUpdate"
+        and not any(a in other[1] for other in ops.values() for a in op[2])
+    ]
+    into, row = write[1]
+    (made,) = [op for op in ops.values() if into in op[2]]
+    assert made[0] == "BitwiseOr", made
+    # the launch's row reaches what that kernel reads
+    reached, frontier = set(), {row}
+    while frontier:
+        reached |= frontier
+        frontier = {
+            out for op in ops.values() if set(op[1]) & frontier for out in op[2]
+        } - reached
+    assert set(made[1]) & reached
+    assert mx.array_equal(
+        cache.stored[0][:, :, position : position + 1],
+        tail_row(cache.codec, rows),
+    ).item()
 
 
 def test_rows_written_in_place_keep_no_launch_outputs_alive(launch_anywhere):
