@@ -70,7 +70,7 @@ CUE = "\n\nAs mentioned above, the secret passphrase is"
 # Where each needle trial's book slice starts (fractions of the book): a 32K-token
 # slice from each still ends inside it (checked with both known models' tokenizers).
 # The first four were all there were before: a run of 8 trials repeats their prompts.
-NEEDLE_TRIAL_STARTS = (0.1, 0.25, 0.4, 0.55, 0.175, 0.325, 0.475, 0.625)
+NEEDLE_TRIAL_STARTS = (0.1, 0.25, 0.4, 0.55, 0.175, 0.3, 0.475, 0.625)
 
 
 def say(message):
