@@ -90,23 +90,26 @@ def main():
     print(
         "pipelined step (or its host CPU time) over this cache's, per round, then the"
     )
-    print("median.")
+    print("median; rounds: the lowest and highest of those per-round ratios.")
     print()
     print(
         "| version | cache | "
         + " | ".join(COLUMNS)
-        + " | vs first cache | host CPU vs first cache |"
+        + " | vs first cache | rounds | host CPU vs first cache |"
     )
-    print("|---|---|" + "---:|" * (len(COLUMNS) + 2))
+    print("|---|---|" + "---:|" * (len(COLUMNS) + 3))
     for version, rounds in runs.items():
         for cache in caches:
             values = [statistics.median(r[cache][k] for r in rounds) for k in range(4)]
-            ratios = [
-                statistics.median(r[caches[0]][k] / r[cache][k] for r in rounds)
-                for k in (2, 3)
-            ]
+            step, host = (
+                [r[caches[0]][k] / r[cache][k] for r in rounds] for k in (2, 3)
+            )
             cells = [f"{values[0]:.0f}", *(f"{v:.3f}" for v in values[1:])]
-            cells += [f"{ratio:.2f}x" for ratio in ratios]
+            cells += [
+                f"{statistics.median(step):.2f}x",
+                f"{min(step):.2f}-{max(step):.2f}x",
+                f"{statistics.median(host):.2f}x",
+            ]
             print(f"| {version} | {cache} | " + " | ".join(cells) + " |")
 
 
