@@ -114,6 +114,7 @@ def test_bench_end_to_end(tiny_model, tmp_path, capsys):
         (["--needle-depths", "1.5"], "from 0 to 1"),
         (["--needle-trials", "9"], "--needle-trials must be 1 to 8, got 9."),
         (["--boundary-skip", "-1"], "--boundary-skip must be at least 0"),
+        (["--speed-rounds", "0"], "--speed-rounds must be at least 1, got 0."),
         (
             ["--recent-exact", "0"],
             "--recent-exact: recent_exact must be an integer >= 1",
@@ -375,3 +376,27 @@ def test_needle_log_p_column_pairs_each_cache_with_the_first():
     table = bench.markdown(results)
     assert "| 2/2 | -2.00 | - | - |" in table
     assert "| 3/3 | -4.25 (-0.38 ± 0.12) | - | - |" in table
+
+
+def test_speed_rounds_time_every_cache_in_turn_and_give_the_median(
+    tiny_model, tmp_path
+):
+    # Round 1 is the quality run's timing; each further round times every cache again
+    # in turn, and a row's speed is the median of its rounds' ratios to fp16's.
+    out = tmp_path / "out"
+    results = run_bench(
+        tiny_model,
+        out,
+        *("--caches", "fp16", "turbo4", "--contexts", "48", "--decode", "4"),
+        *("--speed-rounds", "3", "--needle-contexts", "--memory-context", "0"),
+    )
+    fp16, turbo4 = results["rows"]
+    for phase in ("prefill", "decode"):
+        assert fp16[f"{phase}_speed_rounds"] == [1.0, 1.0, 1.0]
+        rounds = turbo4[f"{phase}_speed_rounds"]
+        assert len(rounds) == 3 and len(set(rounds)) > 1  # each round timed anew
+        assert turbo4[f"{phase}_speed_vs_fp16"] == sorted(rounds)[1]
+    table = (out / "results.md").read_text()
+    assert "the median over 3 rounds" in table
+    low, high = min(turbo4["decode_speed_rounds"]), max(turbo4["decode_speed_rounds"])
+    assert f"{turbo4['decode_speed_vs_fp16']:.2f}x ({low:.2f}-{high:.2f}) |" in table

@@ -7,7 +7,8 @@ length prefilled, then decoded one token at a time, teacher-forced); needle
 retrieval at several depths and context lengths (found or not, and the
 log-probability of the passphrase's first token, a margin that a few trials'
 hits and misses hide); prefill and decode speed as
-ratios to fp16; and peak memory while prefilling the longest context. It writes
+ratios to fp16 (``--speed-rounds N``: the median of N rounds of every cache timed in
+turn); and peak memory while prefilling the longest context. It writes
 results.json, results.md, kl_vs_bits.png and memory_vs_context.png.
 
 Two bit counts per cache: the scheme's (codes and norms, what each further token
@@ -25,6 +26,7 @@ backend), so their memory is computed from their storage format, not measured.
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -266,6 +268,24 @@ def retrieve(model, tokenizer, kind, prompt, word, max_tokens=6):
     return word in text.lower(), logprob
 
 
+def timed_round(model, tokens, context, kinds, rows):
+    """One more round of ``rows``' caches timed in turn on the same tokens: each row
+    gains its ratios to the first cache's times in this round, and its speeds become
+    the medians of its rounds' (the host's speed moves between and within runs)."""
+    times = []
+    for kind in kinds:
+        timings = {}
+        teacher_forced_logprobs(
+            model, tokens, kind.make(model), context, kind.after_prefill, timings
+        )
+        times.append(timings)
+    for row, timings in zip(rows, times):
+        for phase in ("prefill", "decode"):
+            ratios = row[f"{phase}_speed_rounds"]
+            ratios.append(times[0][f"{phase}_seconds"] / timings[f"{phase}_seconds"])
+            row[f"{phase}_speed_vs_fp16"] = statistics.median(ratios)
+
+
 def peak_prefill_memory(model, kind, tokens, chunk=512):
     """Peak memory above what was in use before, prefilling ``tokens`` in chunks."""
     cache = kind.make(model)
@@ -355,17 +375,26 @@ def run(args, checkpoint=lambda results: None):
             if kind.scheme is not None:
                 row["recent_exact"] = kind.recent_exact
             if args.speed:
-                row["prefill_speed_vs_fp16"] = (
-                    ref_timings["prefill_seconds"] / timings["prefill_seconds"]
-                )
-                row["decode_speed_vs_fp16"] = (
-                    ref_timings["decode_seconds"] / timings["decode_seconds"]
-                )
+                for phase in ("prefill", "decode"):
+                    row[f"{phase}_speed_rounds"] = [
+                        ref_timings[f"{phase}_seconds"] / timings[f"{phase}_seconds"]
+                    ]
+                    row[f"{phase}_speed_vs_fp16"] = row[f"{phase}_speed_rounds"][0]
             row["kv_bytes_per_token"] = row["bits_per_value"] / 8 * per_token
             results["rows"].append(row)
             say(
                 f"{context:>6} tokens  {kind.name:<9} KL {row['kl']:.4f}  top-1 {row['top1']:.3f}  "
                 f"ppl {row['ppl']:.2f}  ({time.perf_counter() - started:.0f}s)"
+            )
+            checkpoint(results)
+        rows = results["rows"][-len(kinds) :]
+        for round_ in range(2, args.speed_rounds + 1 if args.speed else 0):
+            timed_round(model, tokens, context, kinds, rows)
+            say(
+                f"{context:>6} tokens  speed round {round_}: decode "
+                + " ".join(
+                    f"{r['cache']} {r['decode_speed_rounds'][-1]:.2f}x" for r in rows
+                )
             )
             checkpoint(results)
 
@@ -449,7 +478,12 @@ def _fmt_answer_logprob(results, name, reference):
 
 def _fmt_speed(row, phase):
     speed = row.get(f"{phase}_speed_vs_fp16")  # absent in a --no-speed run
-    return "-" if speed is None else f"{speed:.2f}x"
+    if speed is None:
+        return "-"
+    rounds = row.get(f"{phase}_speed_rounds", [])
+    if len(rounds) < 2:
+        return f"{speed:.2f}x"
+    return f"{speed:.2f}x ({min(rounds):.2f}-{max(rounds):.2f})"
 
 
 def markdown(results):
@@ -469,6 +503,14 @@ def markdown(results):
         f"it exactly (--recent-exact){default_window}.",
         "",
     ]
+    rounds = max(
+        (len(r.get("decode_speed_rounds", [])) for r in results["rows"]), default=0
+    )
+    if rounds > 1:
+        lines[-1:-1] = [
+            f"Speeds: the median over {rounds} rounds of every cache timed in turn of "
+            "each round's ratio to fp16, the rounds' lowest and highest in brackets.",
+        ]
     contexts = sorted({r["context"] for r in results["rows"]})
     header = "| cache | bits/value | all in | KV bytes/token |"
     for c in contexts:
@@ -631,6 +673,7 @@ def _check_options(parser, args):
         ("--needle-contexts", args.needle_contexts, 1),
         ("--memory-context", [args.memory_context], 0),
         ("--boundary-skip", [args.boundary_skip], 0),
+        ("--speed-rounds", [args.speed_rounds], 1),
     ]:
         if any(v < least for v in values):
             parser.error(
@@ -694,6 +737,14 @@ def main(argv=None):
         choices=["auto", "model", "float16", "bfloat16", "float32"],
         help="activations' dtype; auto: the model's own on CPU, on a GPU bfloat16 for "
         "a model holding bfloat16 weights, else float16",
+    )
+    parser.add_argument(
+        "--speed-rounds",
+        type=int,
+        default=1,
+        help="time every cache this many times in turn at each context (the first "
+        "round is the quality run's) and give the median of each round's ratio to "
+        "fp16 (default: 1)",
     )
     parser.add_argument(
         "--no-speed",
