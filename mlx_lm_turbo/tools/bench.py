@@ -239,8 +239,9 @@ def needle_prompt(tokenizer, context, depth, word, start=0.1):
 
 
 def answer_token(tokenizer, word):
-    """The passphrase's first token as it follows the cue: where the cue's tokens and
-    those of the cue and the passphrase part (a tokenizer may merge across the space)."""
+    """The passphrase's first token as it follows the cue: the first where the cue's
+    tokens and those of the cue with the passphrase differ (a tokenizer may merge
+    across the space)."""
     cue = tokenizer.encode(CUE, add_special_tokens=False)
     answer = tokenizer.encode(CUE + " " + word, add_special_tokens=False)
     shared = next((i for i, (a, b) in enumerate(zip(cue, answer)) if a != b), len(cue))
