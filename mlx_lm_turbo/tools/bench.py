@@ -464,15 +464,13 @@ def _fmt_answer_logprob(results, name, reference):
     mine, theirs = by_prompt(name), by_prompt(reference)
     if not mine:
         return "-"
-    text = f"{sum(mine.values()) / len(mine):.2f}"
+    text = f"{statistics.fmean(mine.values()):.2f}"
     shared = mine.keys() & theirs.keys()
     if name != reference and shared:
         deltas = [mine[k] - theirs[k] for k in shared]
-        mean = sum(deltas) / len(deltas)
-        text += f" ({mean:+.2f}"
+        text += f" ({statistics.fmean(deltas):+.2f}"
         if len(deltas) > 1:
-            variance = sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)
-            text += f" ± {math.sqrt(variance / len(deltas)):.2f}"
+            text += f" ± {statistics.stdev(deltas) / math.sqrt(len(deltas)):.2f}"
         text += ")"
     return text
 
