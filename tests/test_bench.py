@@ -379,7 +379,7 @@ def test_needle_log_p_column_pairs_each_cache_with_the_first():
 
 
 def test_speed_rounds_time_every_cache_in_turn_and_give_the_median(
-    tiny_model, tmp_path
+    tiny_model, tmp_path, capsys
 ):
     # Round 1 is the quality run's timing; each further round times every cache again
     # in turn, and a row's speed is the median of its rounds' ratios to fp16's.
@@ -400,3 +400,7 @@ def test_speed_rounds_time_every_cache_in_turn_and_give_the_median(
     assert "the median over 3 rounds" in table
     low, high = min(turbo4["decode_speed_rounds"]), max(turbo4["decode_speed_rounds"])
     assert f"{turbo4['decode_speed_vs_fp16']:.2f}x ({low:.2f}-{high:.2f}) |" in table
+    # the progress shows every round's ratios, the first included
+    progress = capsys.readouterr().err
+    for i, ratio in enumerate(turbo4["decode_speed_rounds"], 1):
+        assert f"speed round {i}: decode fp16 1.00x turbo4 {ratio:.2f}x" in progress
