@@ -1,11 +1,15 @@
 """The fused decode kernel's launch shape, measured on 8 chained layers (32 query /
-8 KV heads, head_dim 128): for each warps-per-block, target block count and warps an
-SM should hold (the launch bounds, which cap the registers: 16 warps, 128 registers;
-20, 96), ms per full decode step (cache update + attention) and ms of attention alone
-(the same 8 layers attending to fixed caches), fp16 in the same run.
+8 KV heads, head_dim 128): for each warps-per-block, target block count, warps an SM
+should hold (the launch bounds, which cap the registers: 16 warps, 128 registers; 20,
+96; 24, 80) and staging buffers a warp holds (0: the kernel's choice, two where they
+fit; a block of two takes 45 KiB of shared memory at turbo4, so only four fit an SM
+whatever the bounds; with one, 28 KiB), ms per full decode step (cache update +
+attention) and ms of attention alone (the same 8 layers attending to fixed caches),
+fp16 in the same run.
 
     python benchmarks/decode_kernel_sweep.py [--contexts 32768 131072]
-        [--warps 4 8] [--targets 512 1024 4096] [--warps-per-sm 16 20]
+        [--warps 4 8] [--targets 512 1024 4096] [--warps-per-sm 16 20 24]
+        [--stage-buffers 0 1]
 """
 
 import argparse
@@ -68,16 +72,19 @@ def main():
     parser.add_argument(
         "--warps-per-sm", type=int, nargs="+", default=[decode_attention.WARPS_PER_SM]
     )
+    parser.add_argument(
+        "--stage-buffers", type=int, nargs="+", choices=(0, 1, 2), default=[0]
+    )
     parser.add_argument("--scheme", default="turbo4")
     parser.add_argument("--steps", type=int, default=16)
     args = parser.parse_args()
     install_attention_dispatch()
     print(f"{mx.default_device()}, 8 layers, {SHAPE}")
     print(
-        "| context | cache | warps | target blocks | warps per SM | step ms | vs fp16 "
-        "| attention ms | vs fp16 |"
+        "| context | cache | warps | target blocks | warps per SM | stage buffers "
+        "| step ms | vs fp16 | attention ms | vs fp16 |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     make_turbo = lambda: TurboQuantKVCache(args.scheme)  # noqa: E731
 
     def fill(make):
@@ -87,24 +94,27 @@ def main():
         fp16_step, *_ = decode_steps(fill(KVCache), args.steps, **SHAPE)
         fp16_attention = attention_alone(fill(KVCache), args.steps, turbo=False)
         print(
-            f"| {context} | fp16 | - | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
+            f"| {context} | fp16 | - | - | - | - | {fp16_step * 1e3:.2f} | 1.00x | "
             f"{fp16_attention * 1e3:.2f} | 1.00x |",
             flush=True,
         )
-        for warps, target, per_sm in itertools.product(
-            args.warps, args.targets, args.warps_per_sm
+        for warps, target, per_sm, buffers in itertools.product(
+            args.warps, args.targets, args.warps_per_sm, args.stage_buffers
         ):
             decode_attention.WARPS, decode_attention.TARGET_BLOCKS = warps, target
             decode_attention.MIN_SLICE_TOKENS = 32 * warps
-            if per_sm != decode_attention.WARPS_PER_SM:
-                # the launch bounds are in the kernels' header: build them again
+            header = (decode_attention.WARPS_PER_SM, decode_attention.STAGE_BUFFERS)
+            if (per_sm, buffers) != header:
+                # both are in the kernels' header: build them again
                 decode_attention.WARPS_PER_SM = per_sm
+                decode_attention.STAGE_BUFFERS = buffers
                 decode_attention._kernel.cache_clear()
                 decode_attention._LAYERS.clear()  # their plans hold the kernels
             step, *_ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
             attention = attention_alone(fill(make_turbo), args.steps, turbo=True)
             print(
                 f"| {context} | {args.scheme} | {warps} | {target} | {per_sm} | "
+                f"{buffers} | "
                 f"{step * 1e3:.2f} | {fp16_step / step:.2f}x | {attention * 1e3:.2f} | "
                 f"{fp16_attention / attention:.2f}x |",
                 flush=True,

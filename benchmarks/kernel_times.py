@@ -6,6 +6,7 @@ within one table.
 
     python benchmarks/kernel_times.py --caches fp16 turbo4 --contexts 4096 131072
         [--heads 9 3 64]  # query heads, KV heads, head dim (SmolLM2's)
+        [--warps-per-sm 20 --stage-buffers 1]  # the decode kernel's launch shape
 """
 
 import argparse
@@ -18,7 +19,7 @@ from collections import defaultdict
 STEPS, MEASURED_STEPS = 30, 3
 
 
-def decode(name, context, q_heads, kv_heads, head_dim):
+def decode(name, context, q_heads, kv_heads, head_dim, warps_per_sm, stage_buffers):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
     import mlx_lm.models.base as mlx_base
@@ -26,7 +27,11 @@ def decode(name, context, q_heads, kv_heads, head_dim):
 
     from mlx_lm_turbo import TurboQuantKVCache
     from mlx_lm_turbo.cache.attention import install_attention_dispatch
+    from mlx_lm_turbo.kernels import decode_attention
 
+    if warps_per_sm:  # else the package's
+        decode_attention.WARPS_PER_SM = warps_per_sm
+    decode_attention.STAGE_BUFFERS = stage_buffers
     install_attention_dispatch()
     make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
     caches = [make() for _ in range(8)]
@@ -47,7 +52,7 @@ def decode(name, context, q_heads, kv_heads, head_dim):
         mx.eval(x)
 
 
-def measure(name, context, heads):
+def measure(name, context, heads, shape):
     # launches per step: fp16 two cache copies, attention and cuDNN's reduction per
     # layer; turbo one, the decode kernel (it encodes the token and writes its row in
     # place), counted among the decode kernels' launches alone (filling the caches
@@ -70,6 +75,7 @@ def measure(name, context, heads):
         name,
         str(context),
         *map(str, heads),
+        *map(str, shape),
     ]
     text = subprocess.run(command, capture_output=True, text=True).stdout
     rows = [r for r in csv.reader(io.StringIO(text)) if len(r) > 5]
@@ -99,16 +105,32 @@ def main():
         metavar=("Q", "KV", "D"),
         help="query heads, KV heads, head dim",
     )
-    parser.add_argument("--run", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--warps-per-sm",
+        type=int,
+        default=0,
+        help="the decode kernel's launch bounds (decode_attention.WARPS_PER_SM; "
+        "0: the package's)",
+    )
+    parser.add_argument(
+        "--stage-buffers",
+        type=int,
+        choices=(0, 1, 2),
+        default=0,
+        help="its staging buffers a warp (decode_attention.STAGE_BUFFERS; 0: its choice)",
+    )
+    parser.add_argument("--run", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return decode(args.run[0], *map(int, args.run[1:]))
+    shape = (args.warps_per_sm, args.stage_buffers)
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
     for context in args.contexts:
         for name in args.caches:
             for kernel, per_step, micros in sorted(
-                measure(name, context, args.heads), key=lambda row: -row[1] * row[2]
+                measure(name, context, args.heads, shape),
+                key=lambda row: -row[1] * row[2],
             ):
                 print(
                     f"| {name} | {context} | {kernel} | {per_step:.0f} | {micros:.1f} |",

@@ -6,6 +6,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py [--arch sm_90]
     python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
     python scripts/compile_kernels.py --variants 72 --loops  # instructions per MMA loop
+    python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
@@ -128,8 +129,7 @@ def attention_unit(dtype, kind, template):
     return wrap(
         "attention",
         source("decode_attention.cu"),
-        decode_attention.launch_bounds(4)
-        + decode_attention.HEADER_CONSTANTS
+        decode_attention.kernel_header(4)
         + no_outputs
         + decode_attention.absent_inputs(names, dtype, "bool")
         + source("common.cuh"),
@@ -355,6 +355,17 @@ def main():
         action="store_true",
         help="with --simd: their Metal build, checked by the C++ compiler instead",
     )
+    parser.add_argument(
+        "--warps-per-sm",
+        type=int,
+        help="the decode kernel's launch bounds (decode_attention.WARPS_PER_SM)",
+    )
+    parser.add_argument(
+        "--stage-buffers",
+        type=int,
+        choices=(0, 1, 2),
+        help="its staging buffers a warp (decode_attention.STAGE_BUFFERS)",
+    )
     args = parser.parse_args()
     if args.simd and args.variants is not None:
         parser.error(
@@ -367,9 +378,13 @@ def main():
         backend = "metal" if args.metal_as_cpp else "cuda"
         units = [unit for v in variants for unit in simd_units(*v, backend=backend)]
         sys.exit(compile_all(units, args.arch, args.metal_as_cpp))
-    from mlx_lm_turbo.kernels import encode
+    from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source
 
+    if args.warps_per_sm is not None:
+        decode_attention.WARPS_PER_SM = args.warps_per_sm
+    if args.stage_buffers is not None:
+        decode_attention.STAGE_BUFFERS = args.stage_buffers
     header = source("common.cuh")
     variants = list(attention_variants())
     chosen = (

@@ -7,7 +7,7 @@
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
 // Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
 // VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none); MAX_SINKS comes from the header. `consts` holds the key signs (D), value
+// none); MAX_SINKS and STAGE_BUFFERS come from the header. `consts` holds the key signs (D), value
 // signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
 // key boundaries (2^KB - 1) and value boundaries (2^VB - 1). A raw tail (RAW_TAIL: one
 // decode token, its key and value as the model gave them) is encoded here as encode.cu
@@ -89,7 +89,9 @@ constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
 // The second buffer counts against the 48 KiB of static shared memory with the
 // query rows, the tile's scores and weights, which grow with R, and the key pairs.
-constexpr int NBUF = 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
+// STAGE_BUFFERS (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
+constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
+                     : 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
                                  (KEY_MMA ? KEY_PAIR_BYTES : 0) <=
                              46 * 1024
                          ? 2

@@ -167,7 +167,6 @@ INPUT_FLAGS = {
     "recent": 1 << 10,
 }
 MASK_ARRAY = 2  # FLAGS bits 0-1 of a mask given as an array
-HEADER_CONSTANTS = f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
 # The kernels by their outputs: (raw tail, recent) -> (name, outputs, declarations of
 # the outputs a kernel has not). Each output costs the host about 2 us a call
 # (benchmarks/results/custom_call_cost_h200_b4a5294.md): the slices' parts go into the
@@ -242,16 +241,23 @@ def absent_inputs(names, dtype, mask_dtype):
 # 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
 # (benchmarks/results/decode_kernel_h200_c57a44c.md).
 WARPS_PER_SM = 16
+# Staging buffers each warp holds for its tiles: 0 lets the kernel choose (two, so the
+# next tile's copy overlaps this one's reading, where they fit its shared memory); 1 or
+# 2 forces it, for decode_kernel_sweep.py (with one, more blocks fit an SM).
+STAGE_BUFFERS = 0
 
 
-def launch_bounds(warps):
-    """A header line giving the kernel launch bounds: MLX declares it ``__global__ void
-    ...`` after the header, so ``__global__`` is redefined as CUDA's own definition
-    (``__location__(global)``) plus the bounds."""
+def kernel_header(warps):
+    """The header before the kernel's sources: its launch bounds (MLX declares it
+    ``__global__ void ...`` after the header, so ``__global__`` is redefined as CUDA's
+    own definition, ``__location__(global)``, plus the bounds), then the constants its
+    sources read."""
     blocks = max(1, WARPS_PER_SM // warps)
     return (
         "#undef __global__\n"
         f"#define __global__ __location__(global) __launch_bounds__({32 * warps}, {blocks})\n"
+        f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
+        f"constexpr int STAGE_BUFFERS = {STAGE_BUFFERS};\n"
     )
 
 
@@ -265,8 +271,7 @@ def _kernel(warps, raw_tail, recent, names, dtype, mask_dtype):
         list(names),
         list(outputs),
         included("decode_attention.cu"),
-        header=launch_bounds(warps)
-        + HEADER_CONSTANTS
+        header=kernel_header(warps)
         + no_outputs
         + absent_inputs(names, dtype, mask_dtype)
         + included("common.cuh"),
