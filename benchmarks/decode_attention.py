@@ -45,6 +45,10 @@ from mlx_lm_turbo.cache.attention import install_attention_dispatch
 from mlx_lm_turbo.kernels import KERNEL_ENV
 from mlx_lm_turbo.tools.bench import add_recent_exact_argument
 
+# The keys', values' and queries' dtype (``--dtype``): float16, as GPU models run; CPU
+# models run in float32 (mlx-lm's CPU attention is slow in float16).
+DTYPE = mx.float16
+
 
 def filled_caches(make, layers, context, kv_heads, head_dim):
     caches = [make() for _ in range(layers)]
@@ -52,7 +56,7 @@ def filled_caches(make, layers, context, kv_heads, head_dim):
         for start in range(0, context, 4096):  # in chunks, as a prefill fills them
             kv = mx.random.normal(
                 (1, kv_heads, min(4096, context - start), head_dim)
-            ).astype(mx.float16)
+            ).astype(DTYPE)
             c.update_and_fetch(kv, kv)
             mx.eval([a for a in c.state if isinstance(a, mx.array)])
     return caches
@@ -124,10 +128,10 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     runs: on MLX-CUDA a cache update then finds its buffer still held by the running
     step and copies it, for fp16 and turbo caches alike)."""
     tokens = [
-        mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16)
+        mx.random.normal((1, kv_heads, 1, head_dim)).astype(DTYPE)
         for _ in range(2 * steps + 1)
     ]
-    query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
+    query = mx.random.normal((1, q_heads, 1, head_dim)).astype(DTYPE)
     mx.eval(tokens, query)
 
     def build(token):
@@ -198,9 +202,7 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, warm_up=Tr
     caches = [make() for _ in range(layers)]
     group = q_heads // kv_heads
     chunks = [
-        mx.random.normal((1, kv_heads, min(chunk, prompt - s), head_dim)).astype(
-            mx.float16
-        )
+        mx.random.normal((1, kv_heads, min(chunk, prompt - s), head_dim)).astype(DTYPE)
         for s in range(0, prompt, chunk)
     ]
     mx.eval(chunks)
@@ -315,8 +317,16 @@ def main():
         "one step at a time, a step's time follows the host's, which drifts",
     )
     add_recent_exact_argument(parser)
+    parser.add_argument(
+        "--dtype",
+        choices=("float16", "bfloat16", "float32"),
+        default="float16",
+        help="keys, values and queries (default float16)",
+    )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
+    global DTYPE
+    DTYPE = getattr(mx, args.dtype)
     prefill_settings = [prefill_blocks(parser, spec) for spec in args.prefill_blocks]
     schemes = [
         f"{s} W{w}" if w > 1 else s for s in args.schemes for w in args.recent_exact
@@ -331,6 +341,7 @@ def main():
     emit(header())
     emit(
         f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
+        f"{args.dtype}, "
         f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
         f"{attention.PREFILL_BLOCK_SCORES} scores"
     )
