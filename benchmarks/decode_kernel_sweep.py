@@ -2,7 +2,7 @@
 8 KV heads, head_dim 128): for each warps-per-block, target block count, warps an SM
 should hold (the launch bounds, which cap the registers: 16 warps, 128 registers; 20,
 96; 24, 80) and staging buffers a warp holds (0: the kernel's choice, two where they
-fit; a block of two takes 45 KiB of shared memory at turbo4, so only four fit an SM
+fit; a block of two takes 45 KiB of shared memory at turbo4, so at most five fit an SM
 whatever the bounds; with one, 28 KiB), ms per full decode step (cache update +
 attention) and ms of attention alone (the same 8 layers attending to fixed caches),
 fp16 in the same run.

@@ -7,7 +7,8 @@
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
 // Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
 // VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none); MAX_SINKS and STAGE_BUFFERS come from the header. `consts` holds the key signs (D), value
+// none); MAX_SINKS and STAGE_BUFFERS come from the header.
+// `consts` holds the key signs (D), value
 // signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
 // key boundaries (2^KB - 1) and value boundaries (2^VB - 1). A raw tail (RAW_TAIL: one
 // decode token, its key and value as the model gave them) is encoded here as encode.cu
