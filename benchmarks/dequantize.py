@@ -41,7 +41,9 @@ def main():
     parser.add_argument("--bits", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--dtype", choices=("float16", "bfloat16", "float32"), default="float32"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
