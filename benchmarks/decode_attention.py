@@ -48,6 +48,23 @@ from mlx_lm_turbo.tools.bench import add_recent_exact_argument
 # The keys', values' and queries' dtype (``--dtype``): float16, as GPU models run; CPU
 # models run in float32 (mlx-lm's CPU attention is slow in float16).
 DTYPE = mx.float16
+# ``--host-idle-ms`` and ``--host-idle-spin``: what the host does before building each
+# step taken one at a time (seconds; True: busy-wait instead of sleeping).
+HOST_IDLE = 0.0
+HOST_IDLE_SPIN = False
+
+
+def host_idle():
+    """Wait HOST_IDLE seconds, sleeping or spinning. At long contexts the host waits in
+    ``mx.eval`` for the GPU between steps and then builds the next step more slowly
+    (turbo4 0.27 -> 0.46 ms, fp16 0.15 -> 0.22 ms from 4K to 128K tokens, a graph of
+    the same ops): a short context with an idle wait tells whether waiting alone does it."""
+    if HOST_IDLE_SPIN:
+        end = time.perf_counter() + HOST_IDLE
+        while time.perf_counter() < end:
+            pass
+    elif HOST_IDLE:
+        time.sleep(HOST_IDLE)
 
 
 def filled_caches(make, layers, context, kv_heads, head_dim):
@@ -148,7 +165,13 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
             )
         return x
 
+    idle = 0.0  # the host's idle waits, taken out of the step times
+
     def step(token):
+        nonlocal idle
+        start = time.perf_counter()
+        host_idle()
+        idle += time.perf_counter() - start
         start = time.perf_counter()
         x = build(token)
         built = time.perf_counter() - start
@@ -159,9 +182,10 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
+    idle = 0.0
     start = time.perf_counter()
     building = sum(step(token) for token in tokens[1 : steps + 1])
-    seconds = (time.perf_counter() - start) / steps
+    seconds = (time.perf_counter() - start - idle) / steps
     peak = mx.get_peak_memory() - before
     mx.clear_cache()
     before = mx.get_active_memory()
@@ -323,10 +347,25 @@ def main():
         default="float16",
         help="keys, values and queries (default float16)",
     )
+    parser.add_argument(
+        "--host-idle-ms",
+        type=float,
+        default=0.0,
+        help="steps one at a time: the host sleeps this long before building each "
+        "(does a host that waited build more slowly?)",
+    )
+    parser.add_argument(
+        "--host-idle-spin",
+        action="store_true",
+        help="with --host-idle-ms: busy-wait instead of sleeping",
+    )
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
-    global DTYPE
+    if args.host_idle_ms < 0 or (args.host_idle_spin and not args.host_idle_ms):
+        parser.error("--host-idle-ms takes a duration >= 0; --host-idle-spin needs one")
+    global DTYPE, HOST_IDLE, HOST_IDLE_SPIN
     DTYPE = getattr(mx, args.dtype)
+    HOST_IDLE, HOST_IDLE_SPIN = args.host_idle_ms / 1e3, args.host_idle_spin
     prefill_settings = [prefill_blocks(parser, spec) for spec in args.prefill_blocks]
     schemes = [
         f"{s} W{w}" if w > 1 else s for s in args.schemes for w in args.recent_exact
@@ -342,7 +381,13 @@ def main():
     emit(
         f"{args.layers} layers, {args.q_heads} query / {args.kv_heads} KV heads, head_dim {args.head_dim}, "
         f"{args.dtype}, "
-        f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
+        + (
+            f"host {'spinning' if HOST_IDLE_SPIN else 'asleep'} {args.host_idle_ms:g} ms "
+            "before building each step (one at a time), "
+            if HOST_IDLE
+            else ""
+        )
+        + f"decode block {attention.DECODE_BLOCK_TOKENS} tokens, prefill block "
         f"{attention.PREFILL_BLOCK_SCORES} scores"
     )
     default_block = attention.DECODE_BLOCK_TOKENS
