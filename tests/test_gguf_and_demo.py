@@ -371,6 +371,18 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys, window, bound):
     ratios = [float(r.split("|")[3].strip().rstrip("x")) for r in rows]
     assert ratios[0] == 1.0 and ratios[2] < ratios[1] < bound
     assert window or ratios[1] > 0.27  # the window's copies are counted
+    # a further token: one packed row per KV head (codes of keys and values, a norms
+    # word) against float32 keys and values, whatever the exact tokens held
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    per_token = [int(r.split("|")[4].strip().replace(",", "")) for r in rows]
+    layers_heads = config["num_hidden_layers"] * config["num_key_value_heads"]
+    assert per_token == [
+        layers_heads * 2 * head_dim * 4,
+        layers_heads * 4 * (head_dim * (4 + 4) // 32 + 1),
+        layers_heads * 4 * (head_dim * (2 + 2) // 32 + 1),
+    ]
+    assert "each further token costs what the fourth column says" in out
 
 
 def exit_status(argv):
