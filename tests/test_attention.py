@@ -280,6 +280,41 @@ def test_blockwise_equals_the_rule_spelled_out(
     )
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "bool", "additive", "window"])
+@pytest.mark.parametrize("recent_exact", [1, 8])
+@pytest.mark.parametrize("blocks", ["one", "many"])
+def test_one_pass_decode_equals_the_rule_spelled_out(
+    monkeypatch, mask_kind, recent_exact, blocks
+):
+    """A decode step takes the one-pass path (never the blockwise one), a history of
+    one block or of many, and reads what the rule says."""
+    if blocks == "many":
+        monkeypatch.setattr(attention, "DECODE_BLOCK_TOKENS", 16)
+        monkeypatch.setattr(attention, "_MIN_BLOCK_TOKENS", 16)
+
+    def refused(*args):
+        raise AssertionError("a decode step went blockwise")
+
+    monkeypatch.setattr(attention, "blockwise_attention", refused)
+    T = 150
+    queries, keys, values = inputs(T, 1, n_q_heads=8, dtype=mx.float16)
+    bool_mask = create_causal_mask(1, T - 1)
+    mask = {
+        "none": None,
+        "causal": "causal",
+        "bool": bool_mask,
+        "additive": mx.where(bool_mask, 0.0, -1e9).astype(mx.float16),
+        "window": create_causal_mask(1, T - 1, window_size=50),
+    }[mask_kind]
+    cache = TurboQuantKVCache("turbo4", recent_exact=recent_exact)
+    cache.update_and_fetch(keys[:, :, : T - 1], values[:, :, : T - 1])
+    view, _ = cache.update_and_fetch(keys[:, :, T - 1 :], values[:, :, T - 1 :])
+    cache.settle(view)  # encoded as a step the fused kernel does not serve
+    got = turbo_scaled_dot_product_attention(queries, view, D**-0.5, mask)
+    assert got.dtype == mx.float16
+    assert relative_error(got, reference_attention(queries, view, D**-0.5, mask)) < 1e-3
+
+
 @pytest.mark.parametrize("L", [1, 9])
 def test_blockwise_batch_rows_with_left_padding_and_sink_tokens(small_blocks, L):
     from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache

@@ -80,11 +80,88 @@ def turbo_scaled_dot_product_attention(
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on a GPU: straight from the packed codes
         return fused
+    if one_pass_decode(queries, kv, sinks):
+        return one_pass_decode_attention(queries, kv, scale, mask)
     if dense_prefill_support(queries, kv, mask, sinks) is None:
         dense = dense_prefill_attention(queries, kv, scale, mask, fused_only=True)
         if dense is not None:
             return dense
     return blockwise_attention(queries, kv, scale, mask, sinks)
+
+
+def one_pass_decode(queries, kv: TurboKV, sinks=None):
+    """Whether ``one_pass_decode_attention`` serves this call: a decode step (one query
+    a row) without attention-sink logits whose exact tail lies wholly in its window."""
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    return (
+        queries.shape[2] == 1
+        and sinks is None
+        and (kv.window is None or n_exact <= kv.window)
+    )
+
+
+def one_pass_decode_attention(queries, kv: TurboKV, scale, mask):
+    """``blockwise_attention`` for a ``one_pass_decode`` call in far fewer ops (a small
+    model's decode step is bound by their count on CPU; benchmarks/decode_attention.py):
+    the sink tokens lead the first block of the history and the exact tail follows the
+    last, each part's scores masked as ``_attend_rows`` masks them, so a history of one
+    block is one softmax and one product with the values, and longer ones merge only
+    their blocks. Every row takes it alike, so a batch row's output equals the same
+    sequence's alone, as on the blockwise path."""
+    codec = kv.codec
+    B, Hq, L, _ = queries.shape
+    Hkv = codec.n_kv_heads
+    T = kv.shape[2]
+    n_exact = 0 if kv.new_keys is None else kv.new_keys.shape[2]
+    history_end = T - n_exact
+    q = codec.prepare_queries(queries).astype(_COMPUTE_DTYPE) * scale
+    state = _OnlineSoftmax(q.reshape(B, Hkv, Hq // Hkv, L, -1))
+    array_mask = None if isinstance(mask, str) else mask  # causal: every key at L = 1
+
+    def part(keys, values, start, end, *masks):
+        """(masked scores, values) of the keys at positions [start, end)."""
+        block_mask = _mask_block(array_mask, None, T - 1, start, end, Hkv)
+        return _masked(state.scores(keys), block_mask, *masks), values
+
+    sink_positions = None if kv.sinks is None else kv.sinks[2][:, 0, :, 0]  # (B|1, S)
+    blocks = []
+    step = block_tokens(B * Hq, L)
+    for start in range(0, history_end, step):
+        end = min(start + step, history_end)
+        keys, values = _dequantize(codec, kv.stored, start, end)
+        not_sink = None
+        if sink_positions is not None:
+            not_sink = _not_sink(sink_positions, start, end)
+        blocks.append([part(keys, values, start, end, not_sink)])
+    if sink_positions is not None and history_end > 0:
+        sink_keys, sink_values, _ = kv.sinks
+        visible = _sinks_visible(sink_positions, history_end, array_mask, None, Hkv)
+        scores = _masked(state.scores(sink_keys.astype(_COMPUTE_DTYPE)), visible)
+        lead = (scores, mx.broadcast_to(sink_values, (B, *sink_values.shape[1:])))
+        blocks = [[lead] + (blocks[0] if blocks else [])] + blocks[1:]
+    if n_exact:
+        tail = part(
+            kv.new_keys.astype(_COMPUTE_DTYPE),
+            kv.new_values,
+            history_end,
+            T,
+        )
+        blocks = blocks[:-1] + [(blocks[-1] if blocks else []) + [tail]]
+    for parts in blocks:
+        scores, values = (
+            mx.concatenate(arrays, axis=axis) if len(arrays) > 1 else arrays[0]
+            for arrays, axis in (
+                ([s for s, _ in parts], -1),
+                ([v.astype(_COMPUTE_DTYPE) for _, v in parts], 2),
+            )
+        )
+        if len(blocks) == 1:
+            out = state.weighted(mx.softmax(scores, axis=-1, precise=True), values)
+        else:
+            state.add(scores, values)
+    if len(blocks) > 1:
+        out = state.result()
+    return codec.restore_output(out.reshape(B, Hq, L, -1)).astype(queries.dtype)
 
 
 def dense_prefill_support(queries, kv: TurboKV, mask, sinks=None):
@@ -288,15 +365,16 @@ class _OnlineSoftmax:
             self.sum * correction + weights.sum(axis=-1, keepdims=True),
         )
         if exact is None:
-            out = self._weighted(weights, values)
+            out = self.weighted(weights, values)
         else:
             zero = mx.zeros((), weights.dtype)
-            out = self._weighted(
-                mx.where(exact, zero, weights), values
-            ) + self._weighted(mx.where(exact, weights, zero), exact_values)
+            out = self.weighted(mx.where(exact, zero, weights), values) + self.weighted(
+                mx.where(exact, weights, zero), exact_values
+            )
         self.output = out if self.output is None else self.output * correction + out
 
-    def _weighted(self, weights, values):
+    def weighted(self, weights, values):
+        """``weights`` (B, Hkv, G, L, t) times ``values`` (B|1, Hkv, t, D)."""
         B, Hkv, G, L, t = weights.shape
         return (weights.reshape(B, Hkv, G * L, t) @ values).reshape(B, Hkv, G, L, -1)
 
@@ -398,47 +476,28 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
 
     # Sink tokens in the history: exact keys at their own positions, the compressed
     # copies there masked out. Those in the exact tail are read from it.
-    sink_positions = None if kv.sinks is None else kv.sinks[2]
+    sink_positions = None if kv.sinks is None else kv.sinks[2][:, 0, :, 0]  # (B|1, S)
     if sink_positions is not None and history_end > 0:
         sink_keys, sink_values, _ = kv.sinks
-        positions = sink_positions[:, 0, :, 0]  # (B|1, S)
-        in_history = positions < history_end
-        visible = mx.broadcast_to(
-            in_history[:, None, None, None, :], (B, 1, 1, L, positions.shape[1])
+        visible = _sinks_visible(
+            sink_positions, history_end, mask, query_positions, Hkv
         )
-        if mask is not None:
-            visible = (
-                visible
-                & (query_positions[:, None] >= positions[:, None, :])[:, None, None]
-            )
-            if not isinstance(mask, str):
-                gathered = _mask_at(mask, positions, Hkv)
-                if gathered.dtype == mx.bool_:
-                    visible = visible & gathered
-                else:
-                    visible = mx.where(
-                        visible, gathered.astype(_COMPUTE_DTYPE), _INVISIBLE
-                    )
         scores = state.scores(sink_keys.astype(_COMPUTE_DTYPE))
         state.add(_masked(scores, visible), sink_values.astype(_COMPUTE_DTYPE))
 
     def is_sink(start, end):
         if sink_positions is None:
             return None
-        keys = mx.arange(start, end)
-        return (sink_positions[:, 0, :, 0, None] == keys).any(axis=1)[
-            :, None, None, None, :
-        ]
+        return ~_not_sink(sink_positions, start, end)
 
     step = block_tokens(B * Hq, L)
     for start in range(0, min(history_end, key_end), step):
         end = min(start + step, history_end)
         keys, values = _dequantize(codec, kv.stored, start, end)
-        sink = is_sink(start, end)
         scores = _masked(
             state.scores(keys),
             _mask_block(mask, query_positions, first_query, start, end, Hkv),
-            None if sink is None else ~sink,
+            None if sink_positions is None else _not_sink(sink_positions, start, end),
         )
         state.add(scores, values)
         state.settle()
@@ -474,6 +533,32 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
     return codec.restore_output(state.result().reshape(B, Hq, L, -1)).astype(
         queries.dtype
     )
+
+
+def _sinks_visible(positions, history_end, mask, query_positions, n_kv_heads):
+    """Which queries read each sink token (B|1, S) from its exact copy: those in the
+    history (the exact tail holds the others) that the model's mask lets them see, as
+    bool (B|1, 1|Hkv, 1|G, L|1, S) or additive where the mask is. ``query_positions``
+    None: one query past every key (a decode step), which a causal mask lets see all."""
+    visible = (positions < history_end)[:, None, None, None, :]
+    if mask is None:
+        return visible
+    if query_positions is not None:
+        causal = query_positions[:, None] >= positions[:, None, :]
+        visible = visible & causal[:, None, None]
+    if isinstance(mask, str):
+        return visible
+    gathered = _mask_at(mask, positions, n_kv_heads)
+    if gathered.dtype == mx.bool_:
+        return visible & gathered
+    return mx.where(visible, gathered.astype(_COMPUTE_DTYPE), _INVISIBLE)
+
+
+def _not_sink(positions, start, end):
+    """(B|1, 1, 1, 1, end - start): False at the sink tokens' compressed slots, which
+    no query reads (they read the exact copies)."""
+    slots = (positions[:, :, None] == mx.arange(start, end)).any(axis=1)
+    return ~slots[:, None, None, None, :]
 
 
 def _mask_at(mask, positions, n_kv_heads):
