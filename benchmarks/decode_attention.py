@@ -137,6 +137,25 @@ def pipelined_seconds(build, inputs, parts=None):
     return (time.perf_counter() - start) / len(inputs)
 
 
+def ops_per_layer(cache, q_heads, kv_heads, head_dim):
+    """Ops (graph nodes: MLX primitives, views included) one decode step builds for one
+    layer: its cache update and attention, as ``mx.export_to_dot`` lists them."""
+    token = mx.random.normal((1, kv_heads, 1, head_dim)).astype(DTYPE)
+    query = mx.random.normal((1, q_heads, 1, head_dim)).astype(DTYPE)
+    mx.eval(token, query)
+    out = mlx_base.scaled_dot_product_attention(
+        query,
+        *cache.update_and_fetch(token, token),
+        cache=cache,
+        scale=head_dim**-0.5,
+        mask=None,
+    )
+    graph = io.StringIO()
+    mx.export_to_dot(graph, out, *[a for a in cache.state if isinstance(a, mx.array)])
+    mx.eval(out, [a for a in cache.state if isinstance(a, mx.array)])
+    return graph.getvalue().count("shape=rectangle")
+
+
 def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     """Seconds per step evaluated one at a time, seconds of it spent building the step's
     graph on the host (before the GPU runs anything) and peak memory (bytes) above what
@@ -348,6 +367,11 @@ def main():
         help="keys, values and queries (default float16)",
     )
     parser.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="also count the ops one decode step builds for a layer (after the timing)",
+    )
+    parser.add_argument(
         "--host-idle-ms",
         type=float,
         default=0.0,
@@ -410,8 +434,12 @@ def main():
             "cache MiB | peak MiB above caches | peak / cache | "
             "pipelined ms/step | pipelined vs fp16 | pipelined peak MiB above caches | "
             "pipelined: build / queue ms |"
+            + (" ops a layer |" if args.count_ops else "")
         )
-        emit("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        emit(
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            + ("---:|" if args.count_ops else "")
+        )
     profiles = []
     for context in args.contexts:
         runs = [("fp16", None)] + [
@@ -449,11 +477,16 @@ def main():
                 start_run(name, block)
                 profiles.append((name, host_profile(caches[name, block], args)))
             size = cache_bytes(caches[name, block])
+            ops = ""
+            if args.count_ops:
+                start_run(name, block)
+                layer = caches[name, block][0]
+                ops = f" {ops_per_layer(layer, args.q_heads, args.kv_heads, args.head_dim)} |"
             emit(
                 f"| {name} | {context} | {block or '-'} | {seconds * 1e3:.2f} | {fp16_seconds / seconds:.2f}x | "
                 f"{host * 1e3:.2f} | {size / 2**20:.1f} | {peak / 2**20:.1f} | {peak / size:.2f}x | "
                 f"{pipelined * 1e3:.2f} | {fp16_pipelined / pipelined:.2f}x | {pipelined_peak / 2**20:.1f} | "
-                f"{built * 1e3:.2f} / {queued * 1e3:.2f} |"
+                f"{built * 1e3:.2f} / {queued * 1e3:.2f} |" + ops
             )
         del caches
     attention.DECODE_BLOCK_TOKENS = default_block
