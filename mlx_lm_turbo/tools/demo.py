@@ -60,8 +60,9 @@ def main(argv=None):
     parser.add_argument(
         "--schemes",
         nargs="+",
-        default=["turbo4", "turbo3"],
-        help="TurboQuant schemes to compare with fp16 (default: turbo4 turbo3)",
+        # README "Which to choose": the default, and the pick at most 3.5 bits a value
+        default=["turbo4", "turbo4v2"],
+        help="TurboQuant schemes to compare with fp16 (default: turbo4 turbo4v2)",
     )
     parser.add_argument("--max-tokens", type=int, default=60)
     parser.add_argument(
