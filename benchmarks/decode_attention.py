@@ -16,7 +16,7 @@ what was allocated before the first chunk (caches included, as they grow).
     python benchmarks/decode_attention.py [--contexts 4096 16384 65536] [--layers 8]
         [--schemes turbo4] [--steps 4] [--prefill 16384 --chunk 2048]
         [--blocks 512 1024 2048 4096] [--recent-exact 1 32] [--rounds 5]
-        [--out results.md]
+        [--count-ops] [--host-idle-ms 1 [--host-idle-spin]] [--out results.md]
 
 A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
 the portable path where the fused kernel would run, in the same run). ``--recent-exact``
