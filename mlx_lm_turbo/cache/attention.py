@@ -131,7 +131,7 @@ def one_pass_decode_attention(queries, kv: TurboKV, scale, mask):
         keys, values = _dequantize(codec, kv.stored, start, end)
         not_sink = None
         if sink_positions is not None:
-            not_sink = _not_sink(sink_positions, start, end)
+            not_sink = ~_sink_slots(sink_positions, start, end)
         blocks.append([part(keys, values, start, end, not_sink)])
     if sink_positions is not None and history_end > 0:
         sink_keys, sink_values, _ = kv.sinks
@@ -488,7 +488,7 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
     def is_sink(start, end):
         if sink_positions is None:
             return None
-        return ~_not_sink(sink_positions, start, end)
+        return _sink_slots(sink_positions, start, end)
 
     step = block_tokens(B * Hq, L)
     for start in range(0, min(history_end, key_end), step):
@@ -497,7 +497,7 @@ def _attend_rows(queries, kv: TurboKV, scale, mask, sinks, first_query):
         scores = _masked(
             state.scores(keys),
             _mask_block(mask, query_positions, first_query, start, end, Hkv),
-            None if sink_positions is None else _not_sink(sink_positions, start, end),
+            None if sink_positions is None else ~is_sink(start, end),
         )
         state.add(scores, values)
         state.settle()
@@ -554,11 +554,11 @@ def _sinks_visible(positions, history_end, mask, query_positions, n_kv_heads):
     return mx.where(visible, gathered.astype(_COMPUTE_DTYPE), _INVISIBLE)
 
 
-def _not_sink(positions, start, end):
-    """(B|1, 1, 1, 1, end - start): False at the sink tokens' compressed slots, which
-    no query reads (they read the exact copies)."""
+def _sink_slots(positions, start, end):
+    """(B|1, 1, 1, 1, end - start): True at the sink tokens' compressed slots among
+    positions [start, end), which no query reads (they read the exact copies)."""
     slots = (positions[:, :, None] == mx.arange(start, end)).any(axis=1)
-    return ~slots[:, None, None, None, :]
+    return slots[:, None, None, None, :]
 
 
 def _mask_at(mask, positions, n_kv_heads):

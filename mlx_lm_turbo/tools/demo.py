@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
+from ..cache.cache import TurboQuantKVCache
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
@@ -134,8 +135,9 @@ def main(argv=None):
     print(
         "\nKV bytes: what the caches hold after this prompt and answer (their nbytes: "
         "both kinds grow 256 tokens at a time). Each turbo cache layer also keeps its "
-        "first 16 and its last recent-exact - 1 tokens exact, a fixed cost that weighs "
-        "most on short prompts; each further token costs what the fourth column says."
+        f"first {TurboQuantKVCache.sink_tokens} and its last recent-exact - 1 tokens "
+        "exact, a fixed cost that weighs most on short prompts; each further token "
+        "costs what the fourth column says."
     )
     for name, r in runs:
         print(f"\n--- {name} ---\n{r['text'].strip()}")
