@@ -12,18 +12,21 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 import mlx.core as mx
 import pytest
 
+ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, with the reason, where MLX has no CUDA backend (CI);
-    those marked ``any_gpu`` where it runs on no GPU (CUDA or Metal)."""
-    on_gpu = mx.default_device() == mx.gpu
+    those marked ``gpu_matrix`` where it runs on no GPU."""
     skips = {
         "gpu": None
-        if on_gpu and mx.cuda.is_available()
-        else pytest.mark.skip(reason="needs MLX's CUDA backend (the fused kernels)"),
-        "any_gpu": None
-        if on_gpu
-        else pytest.mark.skip(reason="needs a GPU (MLX's CUDA or Metal backend)"),
+        if ON_CUDA
+        else pytest.mark.skip(reason="needs MLX's CUDA backend (run by hand on a GPU)"),
+        "gpu_matrix": None
+        if mx.default_device() == mx.gpu
+        else pytest.mark.skip(
+            reason="a kernel case for a GPU: the CPU build runs a subset of the matrix"
+        ),
     }
     for item in items:
         for marker, skip in skips.items():
@@ -99,3 +102,53 @@ def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
 
     root = tmp_path_factory.mktemp("models")
     return lambda name: build_model_dir(name, root, tiny_tokenizer_dir)
+
+
+def _cuda_on_cpu(monkeypatch):
+    """Our CUDA kernels built by g++ and run on the CPU for this test
+    (``cuda_on_cpu.py``), as MLX-CUDA would run them: what they compute, not how fast."""
+    import cuda_on_cpu
+
+    if sys.platform != "linux" or cuda_on_cpu.COMPILER is None:
+        pytest.skip(
+            "needs MLX's CUDA backend, or Linux and g++ to run the kernels on the CPU"
+        )
+    from mlx_lm_turbo.cache import attention
+    from mlx_lm_turbo.kernels import (
+        decode_attention,
+        decode_attention_simd,
+        dispatch,
+        encode,
+    )
+
+    def forget_kernels():
+        decode_attention._kernel.cache_clear()
+        decode_attention._LAYERS.clear()
+        decode_attention_simd.kernels.cache_clear()
+        encode._kernel.cache_clear()
+
+    forget_kernels()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", cuda_on_cpu.cuda_kernel)
+    for module in (attention, decode_attention, encode, dispatch):
+        monkeypatch.setattr(module, "gpu_backend", lambda: "cuda")
+    yield
+    forget_kernels()
+
+
+@pytest.fixture
+def cuda_kernels(monkeypatch):
+    """The CUDA kernels serve attention: on MLX-CUDA's GPU, else on the CPU."""
+    if ON_CUDA:
+        yield
+    else:
+        yield from _cuda_on_cpu(monkeypatch)
+
+
+@pytest.fixture
+def gpu_kernels(monkeypatch):
+    """The shared SIMD kernels: this GPU's build of them (CUDA or Metal), else CUDA's
+    build on the CPU."""
+    if mx.default_device() == mx.gpu:
+        yield
+    else:
+        yield from _cuda_on_cpu(monkeypatch)

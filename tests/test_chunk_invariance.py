@@ -8,6 +8,7 @@ import copy
 
 import mlx.core as mx
 import pytest
+from conftest import ON_CUDA
 from mlx_lm import load
 from mlx_lm.generate import batch_generate, generate_step
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
@@ -33,7 +34,6 @@ ROUNDING = 0.06
 # round differently per shape; measured on the H200: up to 0.12 (gemma4_text's sliding
 # windows, 16-token chunks) with the greedy tokens equal; before sliding windows kept
 # sink tokens, chunking moved them by 0.3 to 6.6. CPU keeps ROUNDING.
-ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 GPU_ROUNDING = 0.2
 
 

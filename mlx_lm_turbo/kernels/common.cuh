@@ -24,6 +24,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16(x);
 }
 
+// -- The PTX instructions the kernels use, each wrapped once. tests/cuda_on_cpu.h
+// defines TURBO_PTX_EMULATED and its own versions of these, to run the kernels on a CPU.
+#ifndef TURBO_PTX_EMULATED
+
 // One redux instruction (sm_80+) on an order-preserving integer image of the float
 // (negative floats' magnitude bits flipped), instead of five shuffles and maxes.
 __device__ __forceinline__ float warp_max(float x) {
@@ -33,12 +37,6 @@ __device__ __forceinline__ float warp_max(float x) {
   return __int_as_float(m >= 0 ? m : m ^ 0x7fffffff);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
-  return x;
-}
-
 // exp2 as one MUFU instruction (exp2f is a dozen without fast math: its denormal
 // path); -inf (a masked score, or an empty running max) gives 0. Relative error
 // about 2^-22, far inside the kernels' 2e-3 tolerance.
@@ -46,6 +44,48 @@ __device__ __forceinline__ float exp2_or_zero(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A word of shared memory at a 32-bit shared address (the compiler would add a generic
+// pointer's base instead of taking an address built by OR).
+__device__ __forceinline__ uint32_t load_shared(uint32_t address) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address));
+  return v;
+}
+
+// D (16 x 8, f32) += A (16 x 16, f16, row-major fragments) x B (16 x 8, f16): one warp,
+// the tensor cores (sm_80+). PTX's fragment layout: lane = 4 * group + t holds A's
+// rows group and group + 8 at columns 2t, 2t + 1 (and + 8), B's column group at rows
+// 2t, 2t + 1 (and + 8), D's rows group and group + 8 at columns 2t, 2t + 1.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A 16-byte copy from global to shared memory that runs while the warp goes on
+// (sm_80+, like mma.sync); cp_async_commit closes a group of them, cp_async_wait<N>
+// waits until at most N groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#endif  // TURBO_PTX_EMULATED
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+  return x;
 }
 
 // Code j of a run of codes held in registers: bits [j * BITS, (j + 1) * BITS) of w.
@@ -84,14 +124,6 @@ __device__ __forceinline__ uint32_t code_bytes(const uint32_t (&w)[N], int j) {
   return (shift >= 2 ? w[word] >> (shift - 2) : w[word] << (2 - shift)) & MASK;
 }
 
-// A word of shared memory at a 32-bit shared address (the compiler would add a generic
-// pointer's base instead of taking an address built by OR).
-__device__ __forceinline__ uint32_t load_shared(uint32_t address) {
-  uint32_t v;
-  asm("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(address));
-  return v;
-}
-
 // The pair of codes for dims 2p and 2p + 1 of a BITS-bit code stream: 2 * BITS bits
 // from bit 2p * BITS (a pair of 3-bit codes may straddle two words; the stream is
 // followed by more of the row, so reading the next word stays inside it).
@@ -101,32 +133,6 @@ __device__ __forceinline__ uint32_t pair_code(const uint32_t* stream, int p) {
   uint32_t v = stream[word] >> shift;
   if ((32 % (2 * BITS)) != 0 && shift + 2 * BITS > 32) v |= stream[word + 1] << (32 - shift);
   return v & ((1u << (2 * BITS)) - 1u);
-}
-
-// D (16 x 8, f32) += A (16 x 16, f16, row-major fragments) x B (16 x 8, f16): one warp,
-// the tensor cores (sm_80+). PTX's fragment layout: lane = 4 * group + t holds A's
-// rows group and group + 8 at columns 2t, 2t + 1 (and + 8), B's column group at rows
-// 2t, 2t + 1 (and + 8), D's rows group and group + 8 at columns 2t, 2t + 1.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// A 16-byte copy from global to shared memory that runs while the warp goes on
-// (sm_80+, like mma.sync); cp_async_commit closes a group of them, cp_async_wait<N>
-// waits until at most N groups are still in flight.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Two floats as one f16x2 register, the first in the low half.

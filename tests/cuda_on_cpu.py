@@ -1,0 +1,249 @@
+"""This project's CUDA kernels run on a CPU: ``mx.fast.cuda_kernel`` stood in for by a
+g++ build of the source MLX-CUDA would compile (the same header, body and argument
+list) over ``cuda_on_cpu.h``, which runs each thread of a block as a fiber.
+
+It checks what a kernel computes, not how fast: the index arithmetic, the fragment
+layouts of the tensor-core steps, the warps' merges, the last block's log-sum-exp,
+the encoding of a raw token, what is written in place. Tensor-core sums run in
+float32 in a fixed order, so results match the GPU's to rounding, not bit for bit. A launch runs when it is called, on its evaluated inputs (MLX's graph
+would run it later, in the same order: each launch takes the one before as input).
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+HERE = Path(__file__).parent
+SHIM = HERE / "cuda_on_cpu.h"
+COMPILER = shutil.which("g++")
+COMMAND = (
+    "-std=c++17",
+    "-O1",
+    "-march=native",  # fp16 conversions in hardware (a build is this machine's alone)
+    "-w",
+    "-shared",
+    "-fPIC",
+    "-fno-strict-aliasing",
+    "-U_FORTIFY_SOURCE",  # its longjmp check refuses the jumps between fibers' stacks
+)
+C_TYPES = {
+    mx.float16: "__half",
+    mx.bfloat16: "__nv_bfloat16",
+    mx.float32: "float",
+    mx.bool_: "bool",
+    mx.uint32: "uint32_t",
+    mx.int32: "int32_t",
+    mx.uint16: "uint16_t",
+    mx.uint8: "uint8_t",
+    mx.int64: "int64_t",
+}
+# The order blocks and lanes run in (cuda_on_cpu.h); another seed hunts for races.
+SEED = int(os.environ.get("CUDA_ON_CPU_SEED", "0"))
+# The same bits as a dtype numpy knows (bfloat16 as uint16), for the buffer's address.
+NUMPY_VIEW = {mx.bfloat16: mx.uint16}
+
+
+def build_dir():
+    """Where the builds are kept (by a digest of their source): across runs on one
+    machine, so only changed kernels are compiled again."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    path = Path(root) / "mlx-lm-turbo" / "cuda_on_cpu"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _template_line(name, value):
+    if isinstance(value, bool):
+        return f"  constexpr bool {name} = {'true' if value else 'false'};\n"
+    if isinstance(value, int):
+        return f"  constexpr int {name} = {value};\n"
+    return f"  using {name} = {C_TYPES[value]};\n"
+
+
+class EmulatedKernel:
+    """What ``mx.fast.cuda_kernel(...)`` returns, run on the CPU."""
+
+    def __init__(
+        self,
+        name,
+        input_names,
+        output_names,
+        source,
+        header="",
+        ensure_row_contiguous=True,
+        atomic_outputs=False,
+    ):
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.source = source
+        self.header = header
+        self.ensure_row_contiguous = ensure_row_contiguous
+        # what MLX-CUDA passes besides an input's pointer: its shape, strides and
+        # ndim where the source names them
+        self.named = [
+            tuple(f"{n}_{part}" in source for part in ("shape", "strides", "ndim"))
+            for n in self.input_names
+        ]
+
+    def _program(self, inputs, output_dtypes, template):
+        params, unpack = [], []
+        slot = 0
+
+        def arg(c_type, name):
+            nonlocal slot
+            params.append(f"{c_type} {name}")
+            unpack.append(f"({c_type})a[{slot}]")
+            slot += 1
+
+        for name, array, (shape, strides, ndim) in zip(
+            self.input_names, inputs, self.named
+        ):
+            arg(f"const {C_TYPES[array.dtype]}*", name)
+            if array.ndim > 0:
+                if shape:
+                    arg("const int32_t*", f"{name}_shape")
+                if strides:
+                    arg("const int64_t*", f"{name}_strides")
+                if ndim:
+                    params.append(f"int {name}_ndim")
+                    unpack.append(f"int(*(const int32_t*)a[{slot}])")
+                    slot += 1
+        for name, dtype in zip(self.output_names, output_dtypes):
+            arg(f"{C_TYPES[dtype]}*", name)
+        constants = "".join(_template_line(n, v) for n, v in template)
+        return (
+            f'#include "{SHIM}"\n{self.header}\n'
+            "namespace mlx::core::cu {\n"
+            f"void {self.name}({', '.join(params)}) {{\n{constants}\n{self.source}\n}}\n"
+            "}  // namespace mlx::core::cu\n"
+            "static void thread_body(void* args) {\n"
+            "  void** a = static_cast<void**>(args);\n"
+            f"  mlx::core::cu::{self.name}({', '.join(unpack)});\n"
+            "}\n"
+            'extern "C" void launch(void** args, const unsigned* grid, '
+            "const unsigned* block, unsigned seed) {\n"
+            "  cuda_on_cpu::launch(thread_body, args, {grid[0], grid[1], grid[2]}, "
+            "{block[0], block[1], block[2]}, seed);\n"
+            "}\n"
+        )
+
+    def _library(self, program):
+        digest = hashlib.sha256(
+            "\0".join([*COMMAND, platform.node(), program]).encode()
+            + SHIM.read_bytes()
+            + _included_text(program)
+        ).hexdigest()[:24]
+        path = build_dir() / f"{self.name[:40]}_{digest}.so"
+        if not path.exists():
+            src = path.with_suffix(".cpp")
+            src.write_text(program)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            command = [COMPILER, *COMMAND, "-o", str(partial), str(src)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"g++ could not build {self.name} for the CPU:\n{done.stderr[-4000:]}"
+                )
+            partial.replace(path)
+        library = ctypes.CDLL(str(path))
+        library.launch.restype = None
+        return library
+
+    def __call__(
+        self,
+        inputs,
+        output_shapes,
+        output_dtypes,
+        grid,
+        threadgroup,
+        template=(),
+        init_value=None,
+        verbose=False,
+        stream=None,
+    ):
+        inputs = list(inputs)
+        if self.ensure_row_contiguous:
+            inputs = [mx.contiguous(a) for a in inputs]
+        mx.eval(inputs)
+        program = self._program(inputs, output_dtypes, template)
+        library = self._library(program)
+        keep, pointers = [], []
+
+        def buffer(array):
+            # the array's own memory (writes land in it, as a kernel's do on a GPU)
+            view = array
+            if array.dtype in NUMPY_VIEW:
+                view = mx.view(array, NUMPY_VIEW[array.dtype])
+                mx.eval(view)
+            data = np.array(view, copy=False)
+            keep.append(data)
+            return data
+
+        def small(values, dtype):
+            data = np.ascontiguousarray(values, dtype)
+            keep.append(data)
+            pointers.append(data.ctypes.data)
+
+        for array, (shape, strides, ndim) in zip(inputs, self.named):
+            data = buffer(array)
+            pointers.append(data.ctypes.data if data.size else 0)
+            if array.ndim > 0:
+                if shape:
+                    small(array.shape, np.int32)
+                if strides:
+                    small([s // data.itemsize for s in data.strides], np.int64)
+                if ndim:
+                    small([array.ndim], np.int32)
+        outputs = []
+        for shape, dtype in zip(output_shapes, output_dtypes):
+            # unwritten memory reads as all ones (NaN), as uninitialised memory may
+            fill = 0xFF if init_value is None else 0
+            raw = np.full(int(np.prod(shape)) * dtype.size, fill, np.uint8)
+            if init_value is not None:
+                raw.view(_numpy_dtype(dtype))[:] = init_value
+            keep.append(raw)
+            pointers.append(raw.ctypes.data)
+            outputs.append((raw, shape, dtype))
+        args = (ctypes.c_void_p * len(pointers))(*pointers)
+        blocks = [-(-g // t) for g, t in zip(grid, threadgroup)]  # grid counts threads
+        library.launch(
+            args,
+            (ctypes.c_uint * 3)(*blocks),
+            (ctypes.c_uint * 3)(*threadgroup),
+            ctypes.c_uint(SEED),
+        )
+        return [_to_mlx(raw, shape, dtype) for raw, shape, dtype in outputs]
+
+
+def _numpy_dtype(dtype):
+    return np.dtype(
+        str(NUMPY_VIEW.get(dtype, dtype)).split(".")[-1].replace("bool_", "bool")
+    )
+
+
+def _to_mlx(raw, shape, dtype):
+    array = mx.array(raw.view(_numpy_dtype(dtype))).reshape(shape)
+    return mx.view(array, dtype) if dtype in NUMPY_VIEW else array
+
+
+def _included_text(program):
+    """The files a program #includes by absolute path (the kernels' sources): part of
+    its digest, so an edited kernel is built again."""
+    text = b""
+    for line in program.splitlines():
+        if line.startswith('#include "/'):
+            text += Path(line.split('"')[1]).read_bytes()
+    return text
+
+
+def cuda_kernel(name, input_names, output_names, source, header="", **options):
+    """Stands in for ``mx.fast.cuda_kernel``."""
+    return EmulatedKernel(name, input_names, output_names, source, header, **options)
