@@ -281,6 +281,32 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
+def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
+    # The sweeps force a warp's staging buffers (decode_kernel_sweep.py, kernel_times.py
+    # --stage-buffers): one buffer copies the next tile after reading this one, two
+    # while reading it. Two slices, so each warp stages several tiles.
+    from mlx_lm_turbo.kernels import decode_attention
+
+    cache = filled_cache(TurboQuantKVCache(scheme), 1000, 2, 128, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
+    monkeypatch.setattr(decode_attention, "MAX_SLICES", 2)
+    outputs = []
+    try:
+        for buffers in (1, 2):
+            monkeypatch.setattr(decode_attention, "STAGE_BUFFERS", buffers)
+            decode_attention._kernel.cache_clear()
+            decode_attention._LAYERS.clear()
+            fused, portable = both_paths(monkeypatch, q, view, mask)
+            assert relative_error(fused, portable) < TOLERANCE
+            outputs.append(fused)
+    finally:  # no later test gets these variants
+        decode_attention._kernel.cache_clear()
+        decode_attention._LAYERS.clear()
+    assert mx.array_equal(*outputs).item()
+
+
+@pytest.mark.usefixtures("cuda_kernels")
 def test_calls_in_a_row_on_one_layer_agree(monkeypatch):
     # The workspace's group counters must be left zeroed by each call: a call
     # that left one counting would make the next call's merge read unwritten slices.
