@@ -104,15 +104,14 @@ def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
     return lambda name: build_model_dir(name, root, tiny_tokenizer_dir)
 
 
-def _cuda_on_cpu(monkeypatch):
-    """Our CUDA kernels built by g++ and run on the CPU for this test
-    (``cuda_on_cpu.py``), as MLX-CUDA would run them: what they compute, not how fast."""
-    import cuda_on_cpu
+def _kernels_on_cpu(monkeypatch, backend):
+    """Our kernels for ``backend`` ("cuda" or "metal") built by g++ and run on the CPU
+    for this test (``gpu_on_cpu.py``), as MLX would run them: what they compute, not
+    how fast."""
+    import gpu_on_cpu
 
-    if sys.platform != "linux" or cuda_on_cpu.COMPILER is None:
-        pytest.skip(
-            "needs MLX's CUDA backend, or Linux and g++ to run the kernels on the CPU"
-        )
+    if sys.platform != "linux" or gpu_on_cpu.COMPILER is None:
+        pytest.skip("needs a GPU, or Linux and g++ to run the kernels on the CPU")
     from mlx_lm_turbo.cache import attention
     from mlx_lm_turbo.kernels import (
         decode_attention,
@@ -128,9 +127,10 @@ def _cuda_on_cpu(monkeypatch):
         encode._kernel.cache_clear()
 
     forget_kernels()
-    monkeypatch.setattr(mx.fast, "cuda_kernel", cuda_on_cpu.cuda_kernel)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", gpu_on_cpu.cuda_kernel)
+    monkeypatch.setattr(mx.fast, "metal_kernel", gpu_on_cpu.metal_kernel)
     for module in (attention, decode_attention, encode, dispatch):
-        monkeypatch.setattr(module, "gpu_backend", lambda: "cuda")
+        monkeypatch.setattr(module, "gpu_backend", lambda: backend)
     yield
     forget_kernels()
 
@@ -141,14 +141,18 @@ def cuda_kernels(monkeypatch):
     if ON_CUDA:
         yield
     else:
-        yield from _cuda_on_cpu(monkeypatch)
+        yield from _kernels_on_cpu(monkeypatch, "cuda")
 
 
-@pytest.fixture
-def gpu_kernels(monkeypatch):
-    """The shared SIMD kernels: this GPU's build of them (CUDA or Metal), else CUDA's
-    build on the CPU."""
+@pytest.fixture(params=["cuda", "metal"])
+def gpu_kernels(request, monkeypatch):
+    """The shared SIMD kernels' build for each backend: on a GPU its own build (CUDA or
+    Metal; the other skips), else both builds on the CPU."""
     if mx.default_device() == mx.gpu:
+        from mlx_lm_turbo.kernels.dispatch import gpu_backend
+
+        if gpu_backend() != request.param:
+            pytest.skip(f"this GPU runs its own build, not {request.param}'s")
         yield
     else:
-        yield from _cuda_on_cpu(monkeypatch)
+        yield from _kernels_on_cpu(monkeypatch, request.param)

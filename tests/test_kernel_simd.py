@@ -7,9 +7,10 @@ that checks the wrapper (inputs, template values, grid) and the slice-and-merge 
 not the bodies' code, which the kernel cases run.
 The kernel cases (fixture ``gpu_kernels``): this GPU's build of the shared bodies (CUDA
 or Metal) against the portable path, as tests/test_kernels.py checks the fused kernel
-(same tolerances); without a GPU, CUDA's build run on the CPU (tests/cuda_on_cpu.py), as
+(same tolerances); without a GPU, both builds run on the CPU (tests/gpu_on_cpu.py), as
 CI runs them. The CUDA build passed them on the H200; on an Apple GPU this file is the
-run that can verify the Metal build, which has never run here (no Apple hardware).
+run that can verify the Metal build, which no Metal compiler has seen here (no Apple
+hardware).
 """
 
 import math

@@ -1,7 +1,7 @@
 """The fused decode-attention kernel against the portable path it replaces.
 
 The kernel cases (fixture ``cuda_kernels``) run on MLX-CUDA's GPU where there is one,
-else on the CPU: the same sources built by g++ (tests/cuda_on_cpu.py), as CI runs them.
+else on the CPU: the same sources built by g++ (tests/gpu_on_cpu.py), as CI runs them.
 There a few matrices run a Latin subset (``latin_cases``) and two cases that need the
 GPU itself skip (marked ``gpu``); the H200 runs them all. Both paths accumulate in fp32
 but round differently (the portable path rounds the rotated query, the codebook

@@ -1,13 +1,15 @@
-"""This project's CUDA kernels run on a CPU: ``mx.fast.cuda_kernel`` stood in for by a
-g++ build of the source MLX-CUDA would compile (the same header, body and argument
-list) over ``cuda_on_cpu.h``, which runs each thread of a block as a fiber.
+"""This project's GPU kernels run on a CPU: ``mx.fast.cuda_kernel`` and
+``mx.fast.metal_kernel`` stood in for by a g++ build of the source MLX would compile
+(the same header, body and argument list) over ``cuda_on_cpu.h`` or ``metal_on_cpu.h``
+and ``gpu_on_cpu.h``, which runs each thread of a block as a fiber.
 
 It checks what a kernel computes, not how fast: the index arithmetic, the fragment
 layouts of the tensor-core steps, the warps' merges, the last block's log-sum-exp,
 the encoding of a raw token, what is written in place. Tensor-core sums run in
-float32 in a fixed order, so results match the GPU's to rounding, not bit for bit. A launch runs when it is called, on its evaluated inputs (MLX's graph
-would run it later, in the same order: each launch takes the one before as input).
-"""
+float32 in a fixed order, so results match the GPU's to rounding, not bit for bit. A
+Metal build run here has met no Metal compiler (C++ takes what Metal's may refuse). A
+launch runs when it is called, on its evaluated inputs (MLX's graph would run it later,
+in the same order: each launch takes the one before as input)."""
 
 import ctypes
 import hashlib
@@ -21,7 +23,8 @@ import mlx.core as mx
 import numpy as np
 
 HERE = Path(__file__).parent
-SHIM = HERE / "cuda_on_cpu.h"
+SHIMS = {"cuda": HERE / "cuda_on_cpu.h", "metal": HERE / "metal_on_cpu.h"}
+RUNTIME = HERE / "gpu_on_cpu.h"
 COMPILER = shutil.which("g++")
 COMMAND = (
     "-std=c++17",
@@ -33,18 +36,37 @@ COMMAND = (
     "-fno-strict-aliasing",
     "-U_FORTIFY_SOURCE",  # its longjmp check refuses the jumps between fibers' stacks
 )
-C_TYPES = {
-    mx.float16: "__half",
-    mx.bfloat16: "__nv_bfloat16",
-    mx.float32: "float",
-    mx.bool_: "bool",
-    mx.uint32: "uint32_t",
-    mx.int32: "int32_t",
-    mx.uint16: "uint16_t",
-    mx.uint8: "uint8_t",
-    mx.int64: "int64_t",
+C_TYPES = {  # by backend, as MLX names each dtype in a kernel's signature
+    "cuda": {mx.float16: "__half", mx.bfloat16: "__nv_bfloat16"},
+    "metal": {mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"},
 }
-# The order blocks and lanes run in (cuda_on_cpu.h); another seed hunts for races.
+for types in C_TYPES.values():
+    types.update(
+        {
+            mx.float32: "float",
+            mx.bool_: "bool",
+            mx.uint32: "uint32_t",
+            mx.int32: "int32_t",
+            mx.uint16: "uint16_t",
+            mx.uint8: "uint8_t",
+            mx.int64: "int64_t",
+        }
+    )
+# The thread attributes MLX's Metal kernels take where their source names them, and
+# their values here (the runtime's block, grid and fiber).
+METAL_ATTRIBUTES = {
+    "threadgroup_position_in_grid": ("uint3", "uint3{b.x, b.y, b.z}"),
+    "threadgroups_per_grid": ("uint3", "uint3{g.x, g.y, g.z}"),
+    "threads_per_threadgroup": ("uint3", "uint3{n.x, n.y, n.z}"),
+    "thread_position_in_grid": (
+        "uint3",
+        "uint3{b.x * n.x + t.x, b.y * n.y + t.y, b.z * n.z + t.z}",
+    ),
+    "thread_index_in_threadgroup": ("uint", "t.x + n.x * (t.y + n.y * t.z)"),
+    "thread_index_in_simdgroup": ("uint", "uint(f->lane)"),
+    "simdgroup_index_in_threadgroup": ("uint", "uint(f->warp)"),
+}
+# The order blocks and lanes run in (gpu_on_cpu.h); another seed hunts for races.
 SEED = int(os.environ.get("CUDA_ON_CPU_SEED", "0"))
 # The same bits as a dtype numpy knows (bfloat16 as uint16), for the buffer's address.
 NUMPY_VIEW = {mx.bfloat16: mx.uint16}
@@ -54,24 +76,18 @@ def build_dir():
     """Where the builds are kept (by a digest of their source): across runs on one
     machine, so only changed kernels are compiled again."""
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    path = Path(root) / "mlx-lm-turbo" / "cuda_on_cpu"
+    path = Path(root) / "mlx-lm-turbo" / "gpu_on_cpu"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def _template_line(name, value):
-    if isinstance(value, bool):
-        return f"  constexpr bool {name} = {'true' if value else 'false'};\n"
-    if isinstance(value, int):
-        return f"  constexpr int {name} = {value};\n"
-    return f"  using {name} = {C_TYPES[value]};\n"
-
-
 class EmulatedKernel:
-    """What ``mx.fast.cuda_kernel(...)`` returns, run on the CPU."""
+    """What ``mx.fast.cuda_kernel(...)`` or ``mx.fast.metal_kernel(...)`` returns
+    (``backend``: "cuda" or "metal"), run on the CPU."""
 
     def __init__(
         self,
+        backend,
         name,
         input_names,
         output_names,
@@ -80,57 +96,96 @@ class EmulatedKernel:
         ensure_row_contiguous=True,
         atomic_outputs=False,
     ):
+        self.backend = backend
         self.name = name
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         self.source = source
         self.header = header
         self.ensure_row_contiguous = ensure_row_contiguous
-        # what MLX-CUDA passes besides an input's pointer: its shape, strides and
-        # ndim where the source names them
+        # what MLX passes besides an input's pointer: its shape, strides and ndim
+        # where the source names them
         self.named = [
             tuple(f"{n}_{part}" in source for part in ("shape", "strides", "ndim"))
             for n in self.input_names
         ]
 
     def _program(self, inputs, output_dtypes, template):
+        types = C_TYPES[self.backend]
+        metal = self.backend == "metal"
         params, unpack = [], []
-        slot = 0
 
         def arg(c_type, name):
-            nonlocal slot
             params.append(f"{c_type} {name}")
-            unpack.append(f"({c_type})a[{slot}]")
-            slot += 1
+            unpack.append(f"({c_type})a[{len(unpack)}]")
 
+        space, const_space = ("device ", "constant ") if metal else ("", "")
         for name, array, (shape, strides, ndim) in zip(
             self.input_names, inputs, self.named
         ):
-            arg(f"const {C_TYPES[array.dtype]}*", name)
+            arg(f"const {space}{types[array.dtype]}*", name)
             if array.ndim > 0:
                 if shape:
-                    arg("const int32_t*", f"{name}_shape")
+                    arg(f"const {const_space}int32_t*", f"{name}_shape")
                 if strides:
-                    arg("const int64_t*", f"{name}_strides")
+                    arg(f"const {const_space}int64_t*", f"{name}_strides")
                 if ndim:
                     params.append(f"int {name}_ndim")
-                    unpack.append(f"int(*(const int32_t*)a[{slot}])")
-                    slot += 1
+                    unpack.append(f"*(const int32_t*)a[{len(unpack)}]")
         for name, dtype in zip(self.output_names, output_dtypes):
-            arg(f"{C_TYPES[dtype]}*", name)
-        constants = "".join(_template_line(n, v) for n, v in template)
+            arg(f"{space}{types[dtype]}*", name)
+
+        def value(v):
+            if isinstance(v, bool):
+                return "true" if v else "false"
+            return str(v) if isinstance(v, int) else types[v]
+
+        if metal:  # template parameters, and the thread attributes the source names
+            for attribute, (c_type, at) in METAL_ATTRIBUTES.items():
+                if attribute in self.source:
+                    params.append(f"{c_type} {attribute}")
+                    unpack.append(at)
+            kinds = ", ".join(
+                f"{'bool' if isinstance(v, bool) else 'int'} {n}"
+                if isinstance(v, int)
+                else f"typename {n}"
+                for n, v in template
+            )
+            values = ", ".join(value(v) for _, v in template)
+            kernel = (
+                # threadgroup memory is static here (metal_on_cpu.h)
+                "#undef TG_SHARED\n#define TG_SHARED static\n"
+                f"template <{kinds}>\n"
+                f"void {self.name}({', '.join(params)}) {{\n{self.source}\n}}\n"
+            )
+            call = f"{self.name}<{values}>"
+        else:  # MLX-CUDA's template values are constants in the body
+            constants = "".join(
+                f"  using {n} = {types[v]};\n"
+                if not isinstance(v, int)
+                else f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {n} = "
+                f"{value(v)};\n"
+                for n, v in template
+            )
+            kernel = (
+                "namespace mlx::core::cu {\n"
+                f"void {self.name}({', '.join(params)}) {{\n{constants}\n"
+                f"{self.source}\n}}\n"
+                "}  // namespace mlx::core::cu\n"
+            )
+            call = f"mlx::core::cu::{self.name}"
         return (
-            f'#include "{SHIM}"\n{self.header}\n'
-            "namespace mlx::core::cu {\n"
-            f"void {self.name}({', '.join(params)}) {{\n{constants}\n{self.source}\n}}\n"
-            "}  // namespace mlx::core::cu\n"
+            f'#include "{SHIMS[self.backend]}"\n{self.header}\n{kernel}'
             "static void thread_body(void* args) {\n"
             "  void** a = static_cast<void**>(args);\n"
-            f"  mlx::core::cu::{self.name}({', '.join(unpack)});\n"
+            "  const gpu_on_cpu::Fiber* f = gpu_on_cpu::current;\n"
+            "  const dim3 b = gpu_on_cpu::block_idx, g = gpu_on_cpu::grid_dim;\n"
+            "  const dim3 n = gpu_on_cpu::block_dim, t = f->index;\n"
+            f"  {call}({', '.join(unpack)});\n"
             "}\n"
             'extern "C" void launch(void** args, const unsigned* grid, '
             "const unsigned* block, unsigned seed) {\n"
-            "  cuda_on_cpu::launch(thread_body, args, {grid[0], grid[1], grid[2]}, "
+            "  gpu_on_cpu::launch(thread_body, args, {grid[0], grid[1], grid[2]}, "
             "{block[0], block[1], block[2]}, seed);\n"
             "}\n"
         )
@@ -138,7 +193,8 @@ class EmulatedKernel:
     def _library(self, program):
         digest = hashlib.sha256(
             "\0".join([*COMMAND, platform.node(), program]).encode()
-            + SHIM.read_bytes()
+            + SHIMS[self.backend].read_bytes()
+            + RUNTIME.read_bytes()
             + _included_text(program)
         ).hexdigest()[:24]
         path = build_dir() / f"{self.name[:40]}_{digest}.so"
@@ -246,4 +302,13 @@ def _included_text(program):
 
 def cuda_kernel(name, input_names, output_names, source, header="", **options):
     """Stands in for ``mx.fast.cuda_kernel``."""
-    return EmulatedKernel(name, input_names, output_names, source, header, **options)
+    return EmulatedKernel(
+        "cuda", name, input_names, output_names, source, header, **options
+    )
+
+
+def metal_kernel(name, input_names, output_names, source, header="", **options):
+    """Stands in for ``mx.fast.metal_kernel``."""
+    return EmulatedKernel(
+        "metal", name, input_names, output_names, source, header, **options
+    )
