@@ -22,6 +22,10 @@ struct dim3 {
 };
 
 namespace gpu_on_cpu {
+// Internal to each kernel's library: ld.so would make one copy of a plain inline
+// variable (a GNU unique symbol) for every library loaded, and a shared-memory address
+// is rebuilt from its library's own high bits (shared_high).
+namespace {
 
 struct Fiber {
   ucontext_t start;
@@ -187,4 +191,5 @@ inline V exchange(V v, int source) {  // a warp's shuffle: every lane's v, read 
   return v;
 }
 
+}  // namespace
 }  // namespace gpu_on_cpu
