@@ -17,13 +17,15 @@ ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, with the reason, where MLX has no CUDA backend (CI);
-    those marked ``gpu_matrix`` where it runs on no GPU."""
+    those marked ``gpu_matrix`` where it runs on no GPU, unless GPU_ON_CPU_MATRIX=full
+    (the kernels' CPU builds then run the whole matrices: some 20 minutes)."""
     skips = {
         "gpu": None
         if ON_CUDA
         else pytest.mark.skip(reason="needs MLX's CUDA backend (run by hand on a GPU)"),
         "gpu_matrix": None
         if mx.default_device() == mx.gpu
+        or os.environ.get("GPU_ON_CPU_MATRIX") == "full"
         else pytest.mark.skip(
             reason="a kernel case for a GPU: the CPU build runs a subset of the matrix"
         ),

@@ -67,7 +67,7 @@ METAL_ATTRIBUTES = {
     "simdgroup_index_in_threadgroup": ("uint", "uint(f->warp)"),
 }
 # The order blocks and lanes run in (gpu_on_cpu.h); another seed hunts for races.
-SEED = int(os.environ.get("CUDA_ON_CPU_SEED", "0"))
+SEED = int(os.environ.get("GPU_ON_CPU_SEED", "0"))
 # The same bits as a dtype numpy knows (bfloat16 as uint16), for the buffer's address.
 NUMPY_VIEW = {mx.bfloat16: mx.uint16}
 
