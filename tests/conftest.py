@@ -18,7 +18,7 @@ ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, with the reason, where MLX has no CUDA backend (CI);
     those marked ``gpu_matrix`` where it runs on no GPU, unless GPU_ON_CPU_MATRIX=full
-    (the kernels' CPU builds then run the whole matrices: some 20 minutes)."""
+    (the kernels' CPU builds then run the whole matrices: about six minutes)."""
     skips = {
         "gpu": None
         if ON_CUDA
