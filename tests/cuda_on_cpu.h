@@ -33,43 +33,15 @@ struct __nv_bfloat16 {
 struct __half2 {
   __half x, y;
 };
-inline float __half2float(__half h) {
-  _Float16 f;
-  std::memcpy(&f, &h.bits, 2);
-  return float(f);
-}
-inline __half __float2half(float x) {
-  const _Float16 f = _Float16(x);  // round to nearest even
-  __half h;
-  std::memcpy(&h.bits, &f, 2);
-  return h;
-}
+inline float __half2float(__half h) { return gpu_on_cpu::half_to_float(h.bits); }
+inline __half __float2half(float x) { return __half{gpu_on_cpu::float_to_half(x)}; }
 inline __half2 __floats2half2_rn(float lo, float hi) { return {__float2half(lo), __float2half(hi)}; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
-inline float __bfloat162float(__nv_bfloat16 h) {
-  const uint32_t bits = uint32_t(h.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline __nv_bfloat16 __float2bfloat16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  if (std::isnan(x)) return __nv_bfloat16{0x7fc0};
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return __nv_bfloat16{uint16_t(bits >> 16)};
-}
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
-inline float __int_as_float(int i) {
-  float x;
-  std::memcpy(&x, &i, 4);
-  return x;
-}
+inline float __bfloat162float(__nv_bfloat16 h) { return gpu_on_cpu::bf16_to_float(h.bits); }
+inline __nv_bfloat16 __float2bfloat16(float x) { return __nv_bfloat16{gpu_on_cpu::float_to_bf16(x)}; }
+inline int __float_as_int(float x) { return gpu_on_cpu::bit_cast<int>(x); }
+inline float __int_as_float(int i) { return gpu_on_cpu::bit_cast<float>(i); }
 #define GPU_ON_CPU_MIN_MAX(T)                     \
   inline T min(T a, T b) { return b < a ? b : a; } \
   inline T max(T a, T b) { return a < b ? b : a; }

@@ -22,6 +22,24 @@ struct dim3 {
 };
 
 namespace gpu_on_cpu {
+// The same bits as another type, and fp16 / bf16 bits to and from float (rounding to
+// nearest even), for both backends' names.
+template <typename To, typename From>
+inline To bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To to;
+  std::memcpy(&to, &from, sizeof(To));
+  return to;
+}
+inline float half_to_float(uint16_t bits) { return float(bit_cast<_Float16>(bits)); }
+inline uint16_t float_to_half(float x) { return bit_cast<uint16_t>(_Float16(x)); }
+inline float bf16_to_float(uint16_t bits) { return bit_cast<float>(uint32_t(bits) << 16); }
+inline uint16_t float_to_bf16(float x) {
+  if (std::isnan(x)) return 0x7fc0;
+  const uint32_t bits = bit_cast<uint32_t>(x);
+  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 // Internal to each kernel's library: ld.so would make one copy of a plain inline
 // variable (a GNU unique symbol) for every library loaded, and a shared-memory address
 // is rebuilt from its library's own high bits (shared_high).

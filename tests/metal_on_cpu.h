@@ -24,40 +24,20 @@ struct uint3 {
 struct half {
   uint16_t bits;
   half() = default;
-  half(float x) {
-    const _Float16 f = _Float16(x);  // round to nearest even
-    std::memcpy(&bits, &f, 2);
-  }
-  operator float() const {
-    _Float16 f;
-    std::memcpy(&f, &bits, 2);
-    return float(f);
-  }
+  half(float x) : bits(gpu_on_cpu::float_to_half(x)) {}
+  operator float() const { return gpu_on_cpu::half_to_float(bits); }
 };
 typedef half float16_t;
 struct bfloat16_t {
   uint16_t bits;
   bfloat16_t() = default;
-  bfloat16_t(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u = std::isnan(x) ? 0x7fc00000u : u + 0x7fffu + ((u >> 16) & 1u);  // nearest even
-    bits = uint16_t(u >> 16);
-  }
-  operator float() const {
-    const uint32_t u = uint32_t(bits) << 16;
-    float x;
-    std::memcpy(&x, &u, 4);
-    return x;
-  }
+  bfloat16_t(float x) : bits(gpu_on_cpu::float_to_bf16(x)) {}
+  operator float() const { return gpu_on_cpu::bf16_to_float(bits); }
 };
 
 template <typename To, typename From>
 inline To as_type(From from) {
-  static_assert(sizeof(To) == sizeof(From), "as_type keeps the size");
-  To to;
-  std::memcpy(&to, &from, sizeof(To));
-  return to;
+  return gpu_on_cpu::bit_cast<To>(from);
 }
 
 enum class mem_flags { mem_none, mem_device, mem_threadgroup };
