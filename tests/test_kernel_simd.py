@@ -494,7 +494,11 @@ def check(monkeypatch, q, view, mask, sinks=None):
 
 
 @pytest.mark.usefixtures("gpu_kernels")
-@pytest.mark.parametrize("scheme", WIDTHS)
+@pytest.mark.parametrize(  # on the CPU each width in one build, the builds in turn
+    "scheme, gpu_kernels",
+    latin_cases(WIDTHS, ["cuda", "metal"]),
+    indirect=["gpu_kernels"],
+)
 def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     cache = filled_cache(TurboQuantKVCache(scheme), 1000, 8, 128, mx.float16)
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
@@ -605,6 +609,11 @@ def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
 
 
 @pytest.mark.usefixtures("gpu_kernels")
+@pytest.mark.parametrize(  # ten seconds a build on the CPU: CUDA's there
+    "gpu_kernels",
+    ["cuda", pytest.param("metal", marks=pytest.mark.gpu_matrix)],
+    indirect=True,
+)
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     cache = filled_cache(
         TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
