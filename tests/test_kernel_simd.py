@@ -23,11 +23,10 @@ import mlx.core as mx
 import pytest
 from conftest import relative_error, scripts_compile_kernels
 from test_kernels import (
-    BF16_TOLERANCE,
     TOLERANCE,
     WIDTHS,
+    assert_as_portable,
     filled_cache,
-    float32_reference,
     latin_cases,
     step_inputs,
 )
@@ -471,10 +470,10 @@ def test_emulated_long_context_uses_every_part(monkeypatch):
     assert call["grid"][0] == simd.MAX_PARTS * simd.THREADS  # 63 slices + the tail
 
 
-# -- on the GPU: the CUDA build of the shared bodies ---------------------------------
+# -- the kernels: a GPU's build of the shared bodies, or both builds on the CPU -----
 def check(monkeypatch, q, view, mask, sinks=None):
-    """The CUDA build against the portable path (bfloat16: against float32, as
-    tests/test_kernels.py's check)."""
+    """This backend's build against the portable path (as tests/test_kernels.py's
+    check)."""
     scale = q.shape[-1] ** -0.5
     portable = turbo_scaled_dot_product_attention(q, view, scale, mask, sinks)
     backend = dispatch.gpu_backend()  # on an Apple GPU, the Metal build
@@ -482,15 +481,7 @@ def check(monkeypatch, q, view, mask, sinks=None):
     assert out is not None, "the kernels declined a case they cover"
     mx.eval(portable, out)
     assert out.shape == portable.shape and out.dtype == portable.dtype
-    if q.dtype != mx.bfloat16:
-        assert relative_error(out, portable) < TOLERANCE
-        return
-    exact = float32_reference(monkeypatch, q, view, mask, sinks)
-    assert relative_error(out, exact) < BF16_TOLERANCE
-    # no further from it than the portable path, but for the rounding of an output
-    # element (where both compute alike, as on the CPU, one bf16 ulp apart moves the
-    # error by about 1e-9)
-    assert relative_error(out, exact) <= relative_error(portable, exact) * 1.001
+    assert_as_portable(monkeypatch, out, portable, q, view, mask, sinks)
 
 
 @pytest.mark.usefixtures("gpu_kernels")

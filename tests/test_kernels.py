@@ -45,9 +45,9 @@ BF16_TOLERANCE = 4e-3
 
 def latin_cases(*axes):
     """Every combination of the axes' values (a tuple value gives several arguments),
-    on a GPU; on the kernels' CPU build only those whose indices sum to a multiple of the last
-    axis's length: every value of each axis still runs, and of three axes of three
-    values every pair of values meets."""
+    on a GPU; on the kernels' CPU build only those whose indices sum to a multiple of
+    the last axis's length: every value of each axis still runs, and of three axes of
+    three values every pair of values meets."""
     cases = []
     for at in itertools.product(*(range(len(axis)) for axis in axes)):
         values = [axis[i] for axis, i in zip(axes, at)]
@@ -113,18 +113,24 @@ def float32_reference(monkeypatch, q, view, mask, sinks=None, scale=None):
     )
 
 
-def check(monkeypatch, q, view, mask, sinks=None):
-    """The kernel against the portable path (bfloat16: against float32, see above)."""
-    fused, portable = both_paths(monkeypatch, q, view, mask, sinks)
+def assert_as_portable(monkeypatch, out, portable, q, view, mask, sinks=None):
+    """A kernel's output against the portable path's (bfloat16: against float32, see
+    above)."""
     if q.dtype != mx.bfloat16:
-        assert relative_error(fused, portable) < TOLERANCE
+        assert relative_error(out, portable) < TOLERANCE
         return
     exact = float32_reference(monkeypatch, q, view, mask, sinks)
-    assert relative_error(fused, exact) < BF16_TOLERANCE
+    assert relative_error(out, exact) < BF16_TOLERANCE
     # no further from it than the portable path, but for the rounding of an output
     # element (where both compute alike, as on the CPU, one bf16 ulp apart moves the
     # error by about 1e-9)
-    assert relative_error(fused, exact) <= relative_error(portable, exact) * 1.001
+    assert relative_error(out, exact) <= relative_error(portable, exact) * 1.001
+
+
+def check(monkeypatch, q, view, mask, sinks=None):
+    """The fused kernel against the portable path."""
+    fused, portable = both_paths(monkeypatch, q, view, mask, sinks)
+    assert_as_portable(monkeypatch, fused, portable, q, view, mask, sinks)
 
 
 # -- everywhere ----------------------------------------------------------------
