@@ -72,6 +72,9 @@ SEED = int(os.environ.get("GPU_ON_CPU_SEED", "0"))
 NUMPY_VIEW = {mx.bfloat16: mx.uint16}
 
 
+_LIBRARIES = {}  # program -> its loaded build
+
+
 def build_dir():
     """Where the builds are kept (by a digest of their source): across runs on one
     machine, so only changed kernels are compiled again."""
@@ -191,6 +194,13 @@ class EmulatedKernel:
         )
 
     def _library(self, program):
+        """The loaded build of ``program``: built once a machine, loaded once a run."""
+        library = _LIBRARIES.get(program)
+        if library is None:
+            library = _LIBRARIES[program] = self._load(program)
+        return library
+
+    def _load(self, program):
         digest = hashlib.sha256(
             "\0".join([*COMMAND, platform.node(), program]).encode()
             + SHIMS[self.backend].read_bytes()
@@ -261,8 +271,7 @@ class EmulatedKernel:
         outputs = []
         for shape, dtype in zip(output_shapes, output_dtypes):
             # unwritten memory reads as all ones (NaN), as uninitialised memory may
-            fill = 0xFF if init_value is None else 0
-            raw = np.full(int(np.prod(shape)) * dtype.size, fill, np.uint8)
+            raw = np.full(int(np.prod(shape)) * dtype.size, 0xFF, np.uint8)
             if init_value is not None:
                 raw.view(_numpy_dtype(dtype))[:] = init_value
             keep.append(raw)
@@ -280,9 +289,7 @@ class EmulatedKernel:
 
 
 def _numpy_dtype(dtype):
-    return np.dtype(
-        str(NUMPY_VIEW.get(dtype, dtype)).split(".")[-1].replace("bool_", "bool")
-    )
+    return np.dtype(str(NUMPY_VIEW.get(dtype, dtype)).rsplit(".", 1)[-1])
 
 
 def _to_mlx(raw, shape, dtype):
