@@ -433,12 +433,14 @@ def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
                 run = compile_metal_as_cpp(unit, Path(tmp) / f"unit{n}.cpp")
             else:
                 run = compile_unit(unit, arch, Path(tmp) / f"unit{n}.cu", cubin)
-            usage = re.findall(r"Used \d+ registers.*", run.stderr)
+            usage = re.findall(
+                r"\d+ bytes stack frame.*|Used \d+ registers.*", run.stderr
+            )
             if run.returncode:
                 failed += 1
                 print(f"unit {n} FAILED:\n{run.stderr[:4000]}")
                 continue
-            print(f"unit {n} ok {usage[:1]}")
+            print(f"unit {n} ok {usage[-2:]}")
             if nvdisasm:
                 listing = subprocess.run(
                     [nvdisasm, "-c", str(cubin)],
