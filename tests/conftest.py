@@ -106,6 +106,17 @@ def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
     return lambda name: build_model_dir(name, root, tiny_tokenizer_dir)
 
 
+def forget_kernels():
+    """Drop the kernels built so far and the layers' launch plans, so the next call
+    builds them again (from what a test has patched: mx.fast, the launch constants)."""
+    from mlx_lm_turbo.kernels import decode_attention, decode_attention_simd, encode
+
+    decode_attention._kernel.cache_clear()
+    decode_attention._LAYERS.clear()
+    decode_attention_simd.kernels.cache_clear()
+    encode._kernel.cache_clear()
+
+
 def _kernels_on_cpu(monkeypatch, backend):
     """Our kernels for ``backend`` ("cuda" or "metal") built by g++ and run on the CPU
     for this test (``gpu_on_cpu.py``), as MLX would run them: what they compute, not
@@ -115,18 +126,7 @@ def _kernels_on_cpu(monkeypatch, backend):
     if sys.platform != "linux" or gpu_on_cpu.COMPILER is None:
         pytest.skip("needs a GPU, or Linux and g++ to run the kernels on the CPU")
     from mlx_lm_turbo.cache import attention
-    from mlx_lm_turbo.kernels import (
-        decode_attention,
-        decode_attention_simd,
-        dispatch,
-        encode,
-    )
-
-    def forget_kernels():
-        decode_attention._kernel.cache_clear()
-        decode_attention._LAYERS.clear()
-        decode_attention_simd.kernels.cache_clear()
-        encode._kernel.cache_clear()
+    from mlx_lm_turbo.kernels import decode_attention, dispatch, encode
 
     forget_kernels()
     monkeypatch.setattr(mx.fast, "cuda_kernel", gpu_on_cpu.cuda_kernel)

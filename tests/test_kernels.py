@@ -19,7 +19,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import ON_CUDA, outlier_keys, relative_error, scripts_compile_kernels
+from conftest import (
+    ON_CUDA,
+    forget_kernels,
+    outlier_keys,
+    relative_error,
+    scripts_compile_kernels,
+)
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import (
@@ -301,14 +307,12 @@ def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
     try:
         for buffers in (1, 2):
             monkeypatch.setattr(decode_attention, "STAGE_BUFFERS", buffers)
-            decode_attention._kernel.cache_clear()
-            decode_attention._LAYERS.clear()
+            forget_kernels()
             fused, portable = both_paths(monkeypatch, q, view, mask)
             assert relative_error(fused, portable) < TOLERANCE
             outputs.append(fused)
     finally:  # no later test gets these variants
-        decode_attention._kernel.cache_clear()
-        decode_attention._LAYERS.clear()
+        forget_kernels()
     assert mx.array_equal(*outputs).item()
 
 
