@@ -315,7 +315,16 @@ const bool packed_rows = row_stride == RW && (reinterpret_cast<uintptr_t>(head_r
 auto stage_tile = [&](uint32_t* stage, int first, int end) {
   const int n_items = min(32, end - first);
   const uint32_t* src = head_rows + int64_t(first) * row_stride;
-  if (STAGE_STRIDE == RW && packed_rows) {
+  if (STAGE_STRIDE == RW && packed_rows && n_items == 32) {
+    // a whole tile: a count known here, so each copy's offsets are immediates (the
+    // general loop below cost some 140 instructions a tile)
+    const uint32_t* from = src + 4 * lane;
+    uint32_t* to = stage + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < (8 * RW + 31) / 32; ++i) {
+      if ((8 * RW) % 32 == 0 || lane + 32 * i < 8 * RW) cp_async16(to + 128 * i, from + 128 * i);
+    }
+  } else if (STAGE_STRIDE == RW && packed_rows) {
     const int n_words = n_items * RW, n_vec = n_words / 4;
     for (int v = lane; v < n_vec; v += 32) cp_async16(stage + 4 * v, src + 4 * v);
     for (int w = 4 * n_vec + lane; w < n_words; w += 32) stage[w] = src[w];
@@ -371,6 +380,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
   for (int r = 0; r < R; ++r) s[r] = -INFINITY;
   float value_norm = 0.0f;
   const int item = first + lane;
+  const int pair_slot = (lane & PAIR_DELTA) == 0 ? pair_word(lane) : 16;
   const int n_items = min(32, end - first);
   if constexpr (!EXACT && KEY_MMA) {
     // Raw key dots of the tile's tokens, 16 at a time: A's rows g and g + 8 are tokens
@@ -531,7 +541,9 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     if constexpr (MMA_VALUES) {
       // pairs of tokens PAIR_DELTA apart as one fp16x2 word, the first in the low half
       const float partner = __shfl_xor_sync(FULL_MASK, w, PAIR_DELTA);
-      if ((lane & PAIR_DELTA) == 0) weight_pairs[warp][r][pair_word(lane)] = pack_half2(w, partner);
+      // every lane stores (a branch around the store cost some 10 instructions a row):
+      // the pair's first lane its word, the other the row's spare word 16
+      weight_pairs[warp][r][pair_slot] = pack_half2(w, partner);
     } else {
       weights[warp][lane][r] = w;
     }
@@ -568,11 +580,12 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     const int passes = min(2, n_items);
 #pragma unroll 1
     for (int pass = 0; pass < passes; ++pass) {
-      uint32_t b0 = 0u, b1 = 0u;
-      if (frag_group < R) {
-        b0 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass))];
-        b1 = weight_pairs[warp][frag_group][pair_word(value_token(frag_t, 4 * pass + 2))];
-      }
+      // B's columns past R weigh 0: their lanes read row 0 and drop it (a branch around
+      // the reads cost more)
+      const int b_row = frag_group < R ? frag_group : 0;
+      uint32_t b0 = weight_pairs[warp][b_row][pair_word(value_token(frag_t, 4 * pass))];
+      uint32_t b1 = weight_pairs[warp][b_row][pair_word(value_token(frag_t, 4 * pass + 2))];
+      if (frag_group >= R) b0 = b1 = 0u;
       uint32_t bits[4][GW], even[2][GW], odd[2][GW];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
