@@ -180,7 +180,16 @@ if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
   const float level = v_levels_in[lane & ((1 << VB) - 1)];
   v_lane = pack_half2(level, level);
 }
-if constexpr (KEY_MMA) {
+// 4- and 5-bit keys (as word pairs) as values are read: lane i holds key level i mod 2^KB in both halves,
+// a code reads it by a warp shuffle (the 4-bit pair table's reads collided in the banks,
+// 2.6-way, 60% of the kernel's shared-memory wavefronts; the 5-bit one is 4 times larger)
+constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 4 || KB == 5);
+uint32_t k_lane = 0u;
+if constexpr (KEY_SHUFFLES) {
+  const float level = k_levels_in[lane & ((1 << KB) - 1)];
+  k_lane = pack_half2(level, level);
+}
+if constexpr (KEY_MMA && !KEY_SHUFFLES) {
   for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
     k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
   }
@@ -409,8 +418,12 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         auto level_pair = [&](const uint32_t (&w)[KEY_LANE_WORDS], int j) {
           if constexpr (KEY_PAIR_OR) {
             return load_shared(k_pairs_at | code_bytes<2 * KB>(w, j));
+          } else if constexpr (KEY_SHUFFLES) {
+            const uint32_t lo = __shfl_sync(FULL_MASK, k_lane, code_low<KB>(w, 2 * j));
+            const uint32_t hi = __shfl_sync(FULL_MASK, k_lane, code_low<KB>(w, 2 * j + 1));
+            return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
           } else {
-            return k_pairs[code_at<2 * KB>(w, j)];  // 4-bit keys: one permute and an add
+            return k_pairs[code_at<2 * KB>(w, j)];  // one permute and an add
           }
         };
 #pragma unroll
