@@ -52,8 +52,8 @@ constexpr int NRG = (ROWS + R - 1) / R;
 constexpr int KBW = KB > 0 ? KB : 1;  // words per 32-key-code group (KB = 0: unused)
 constexpr int KW = KB > 0 ? D * KB / 32 : 0, VW = D * VB / 32, NORMS = KW + VW;
 // Key scores on the tensor cores where a pair of key codes indexes a small table of
-// level pairs (2-5 bits: 5-bit pairs are 1024 words, 6-bit ones would be 4096) and a
-// tile's whole rows and that table fit the staging memory: each warp multiplies 16
+// level pairs or two shuffles read its levels (2-5 bits: 6-bit pairs would be 4096
+// words) and a tile's whole rows fit the staging memory: each warp multiplies 16
 // tokens' decoded keys at a time (A: every row of the MMA is a token) by its query
 // rows (B: fp16 fragments of 8 rows, kept in registers) instead of reading every
 // query value from shared memory per dim.
@@ -82,6 +82,12 @@ constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
 // follow the same order of dims); else PTX's order of dims, each pair read on its own.
 constexpr bool KEY_WORD_PAIRS = KEY_MMA && (D * KBW) % 128 == 0;
 constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
+// 4- and 5-bit word pairs: lane i holds key level i mod 2^KB in both halves and a code
+// reads it by a warp shuffle, as 3- and 4-bit values are read (k_lane, below): the
+// 4-bit pair table's reads collided in the banks, 2.6-way, 60% of the kernel's
+// shared-memory wavefronts, and the 5-bit one is four times larger
+// (benchmarks/results/decode_h100_8834684.md).
+constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 4 || KB == 5);
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
 // buffers where they fit, so the next tile's copy runs while this one is read.
@@ -143,7 +149,8 @@ auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STA
 // address is the table's OR the code's byte offset: one LOP3 with the mask, where adding
 // it cost another instruction (5-bit keys' 4 KiB table would cost padding instead).
 constexpr bool KEY_PAIR_OR = KEY_MMA && KB <= 3;
-__shared__ __align__(KEY_PAIR_OR ? KEY_PAIR_BYTES : 4) uint32_t k_pairs[KEY_MMA ? KEY_PAIR_BYTES / 4 : 1];
+__shared__ __align__(KEY_PAIR_OR ? KEY_PAIR_BYTES : 4) uint32_t
+    k_pairs[KEY_MMA && !KEY_SHUFFLES ? KEY_PAIR_BYTES / 4 : 1];
 const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pairs));
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
@@ -180,11 +187,7 @@ if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
   const float level = v_levels_in[lane & ((1 << VB) - 1)];
   v_lane = pack_half2(level, level);
 }
-// 4- and 5-bit keys (as word pairs) as values are read: lane i holds key level i mod 2^KB in both halves,
-// a code reads it by a warp shuffle (the 4-bit pair table's reads collided in the banks,
-// 2.6-way, 60% of the kernel's shared-memory wavefronts; the 5-bit one is 4 times larger)
-constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 4 || KB == 5);
-uint32_t k_lane = 0u;
+uint32_t k_lane = 0u;  // KEY_SHUFFLES: this lane's key level
 if constexpr (KEY_SHUFFLES) {
   const float level = k_levels_in[lane & ((1 << KB) - 1)];
   k_lane = pack_half2(level, level);
