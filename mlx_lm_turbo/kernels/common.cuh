@@ -141,6 +141,24 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// A codebook held one level a lane for warp shuffles: lane i's level i mod 2^BITS in both
+// halves. A shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0
+// indexes its level with no mask (the bits above it pick a copy of the same level).
+template <int BITS>
+__device__ __forceinline__ uint32_t lane_level(const float* levels, int lane) {
+  const float level = levels[lane & ((1 << BITS) - 1)];
+  return pack_half2(level, level);
+}
+
+// Two codes' levels as one f16x2 register (lo_code's in the low half), from lane_level's
+// register: two shuffles and a permute.
+__device__ __forceinline__ uint32_t shuffled_levels(uint32_t lane_level, uint32_t lo_code,
+                                                    uint32_t hi_code) {
+  const uint32_t lo = __shfl_sync(FULL_MASK, lane_level, lo_code);
+  const uint32_t hi = __shfl_sync(FULL_MASK, lane_level, hi_code);
+  return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
+}
+
 // N consecutive floats of shared memory in as few loads as their alignment allows
 // (the compiler does not merge them by itself).
 template <int N>

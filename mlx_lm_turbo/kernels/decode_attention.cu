@@ -179,19 +179,10 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
 } else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 }
-// VB = 3, 4 on the tensor cores: lane i holds level i mod 2^VB in both halves; a
-// shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0 indexes
-// its level with no mask (the bits above it pick a copy of the same level).
-uint32_t v_lane = 0u;
-if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) {
-  const float level = v_levels_in[lane & ((1 << VB) - 1)];
-  v_lane = pack_half2(level, level);
-}
-uint32_t k_lane = 0u;  // KEY_SHUFFLES: this lane's key level
-if constexpr (KEY_SHUFFLES) {
-  const float level = k_levels_in[lane & ((1 << KB) - 1)];
-  k_lane = pack_half2(level, level);
-}
+// VB = 3, 4 on the tensor cores, and KEY_SHUFFLES: this lane's level (lane_level)
+uint32_t v_lane = 0u, k_lane = 0u;
+if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) v_lane = lane_level<VB>(v_levels_in, lane);
+if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
 if constexpr (KEY_MMA && !KEY_SHUFFLES) {
   for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
     k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
@@ -330,11 +321,12 @@ auto stage_tile = [&](uint32_t* stage, int first, int end) {
   if (STAGE_STRIDE == RW && packed_rows && n_items == 32) {
     // a whole tile: a count known here, so each copy's offsets are immediates (the
     // general loop below cost some 140 instructions a tile)
+    constexpr int TILE_COPIES = 32 * RW / 4;  // 16-byte copies
     const uint32_t* from = src + 4 * lane;
     uint32_t* to = stage + 4 * lane;
 #pragma unroll
-    for (int i = 0; i < (8 * RW + 31) / 32; ++i) {
-      if ((8 * RW) % 32 == 0 || lane + 32 * i < 8 * RW) cp_async16(to + 128 * i, from + 128 * i);
+    for (int i = 0; i < (TILE_COPIES + 31) / 32; ++i) {
+      if (TILE_COPIES % 32 == 0 || lane + 32 * i < TILE_COPIES) cp_async16(to + 128 * i, from + 128 * i);
     }
   } else if (STAGE_STRIDE == RW && packed_rows) {
     const int n_words = n_items * RW, n_vec = n_words / 4;
@@ -422,9 +414,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
           if constexpr (KEY_PAIR_OR) {
             return load_shared(k_pairs_at | code_bytes<2 * KB>(w, j));
           } else if constexpr (KEY_SHUFFLES) {
-            const uint32_t lo = __shfl_sync(FULL_MASK, k_lane, code_low<KB>(w, 2 * j));
-            const uint32_t hi = __shfl_sync(FULL_MASK, k_lane, code_low<KB>(w, 2 * j + 1));
-            return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
+            return shuffled_levels(k_lane, code_low<KB>(w, 2 * j), code_low<KB>(w, 2 * j + 1));
           } else {
             return k_pairs[code_at<2 * KB>(w, j)];  // one permute and an add
           }
@@ -615,9 +605,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
       auto level_pair = [&](int p, int j) -> uint32_t {
         if constexpr (!VALUE_PAIR_TABLE) {
-          const uint32_t lo = __shfl_sync(FULL_MASK, v_lane, code_low<VB>(bits[2 * p], j));
-          const uint32_t hi = __shfl_sync(FULL_MASK, v_lane, code_low<VB>(bits[2 * p + 1], j));
-          return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
+          return shuffled_levels(v_lane, code_low<VB>(bits[2 * p], j),
+                                 code_low<VB>(bits[2 * p + 1], j));
         } else {
           return v_pairs[code_at<2 * VB>((j & 1) ? odd[p] : even[p], j >> 1)];
         }
