@@ -87,19 +87,31 @@ constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
 // 4-bit pair table's reads collided in the banks, 2.6-way, 60% of the kernel's
 // shared-memory wavefronts, and the 5-bit one is four times larger
 // (benchmarks/results/decode_h100_8834684.md).
-constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 4 || KB == 5);
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
 // buffers where they fit, so the next tile's copy runs while this one is read.
 constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
+// 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
+// the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
+// (lane l reads copy l mod 16: at most two lanes a bank), where it fits the static
+// shared memory beside one staging buffer; else shuffles.
+constexpr int PAIR_COPIES = 16, LANE_PAIRS_WORDS = 256 * PAIR_COPIES;
+constexpr bool LANE_PAIRS = ((KEY_WORD_PAIRS && KB == 4) || (VALUE_MMA && VB == 4)) &&
+                            NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
+                                    4 * LANE_PAIRS_WORDS <=
+                                46 * 1024;
+constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_WORD_PAIRS && KB == 4;
+constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
+constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
 // The second buffer counts against the 48 KiB of static shared memory with the
 // query rows, the tile's scores and weights, which grow with R, and the key pairs.
 // STAGE_BUFFERS (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
                      : 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
-                                 (KEY_MMA ? KEY_PAIR_BYTES : 0) <=
+                                 (KEY_MMA ? KEY_PAIR_BYTES : 0) +
+                                 (LANE_PAIRS ? 4 * LANE_PAIRS_WORDS : 0) <=
                              46 * 1024
                          ? 2
                          : 1;
@@ -132,6 +144,7 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // than two shuffles.
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
+__shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_WORDS : 1];
 __shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
@@ -181,7 +194,23 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
 }
 // VB = 3, 4 on the tensor cores, and KEY_SHUFFLES: this lane's level (lane_level)
 uint32_t v_lane = 0u, k_lane = 0u;
-if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE) v_lane = lane_level<VB>(v_levels_in, lane);
+if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS) {
+  v_lane = lane_level<VB>(v_levels_in, lane);
+}
+if constexpr (LANE_PAIRS) {  // 4-bit keys and values share it: both codebook(D, 4)
+  const float* levels = KEY_LANE_PAIRS ? k_levels_in : v_levels_in;
+  for (int j = threadIdx.x; j < LANE_PAIRS_WORDS; j += THREADS) {
+    const int pair = j / PAIR_COPIES;
+    lane_pairs[j] = pack_half2(levels[pair & 15], levels[pair >> 4]);
+  }
+}
+// pair j of a run of 8-bit pair codes: its levels (the low code's in the low half),
+// from this lane's copy (a permute, a shift-add and the read)
+const uint32_t pair_copy_at =
+    static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs)) + lane % PAIR_COPIES * 4;
+auto lane_pair = [&](const auto& w, int j) {
+  return load_shared(pair_copy_at + code_at<8>(w, j) * (4 * PAIR_COPIES));
+};
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
 if constexpr (KEY_MMA && !KEY_SHUFFLES) {
   for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
@@ -363,7 +392,7 @@ auto pair_word = [](int token) {
 };
 // 2-bit values: two tokens' codes of dims 2i and 2i + 1 side by side (a 4-bit field
 // per pair, in `even` and `odd`), so a pair's table index is one field.
-constexpr uint32_t LOW_CODES = 0x33333333u;
+constexpr uint32_t LOW_CODES = VB == 2 ? 0x33333333u : 0x0F0F0F0Fu;
 auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
                       uint32_t (&odd)[GW]) {
 #pragma unroll
@@ -413,6 +442,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         auto level_pair = [&](const uint32_t (&w)[KEY_LANE_WORDS], int j) {
           if constexpr (KEY_PAIR_OR) {
             return load_shared(k_pairs_at | code_bytes<2 * KB>(w, j));
+          } else if constexpr (KEY_LANE_PAIRS) {
+            return lane_pair(w, j);
           } else if constexpr (KEY_SHUFFLES) {
             return shuffled_levels(k_lane, code_low<KB>(w, 2 * j), code_low<KB>(w, 2 * j + 1));
           } else {
@@ -598,13 +629,15 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
         value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
                    bits[c]);
       }
-      if constexpr (VALUE_PAIR_TABLE) {
+      if constexpr (VALUE_PAIR_TABLE || VALUE_LANE_PAIRS) {
         interleave(bits[0], bits[1], even[0], odd[0]);
         interleave(bits[2], bits[3], even[1], odd[1]);
       }
       // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
       auto level_pair = [&](int p, int j) -> uint32_t {
-        if constexpr (!VALUE_PAIR_TABLE) {
+        if constexpr (VALUE_LANE_PAIRS) {
+          return lane_pair((j & 1) ? odd[p] : even[p], j >> 1);
+        } else if constexpr (!VALUE_PAIR_TABLE) {
           return shuffled_levels(v_lane, code_low<VB>(bits[2 * p], j),
                                  code_low<VB>(bits[2 * p + 1], j));
         } else {
