@@ -82,11 +82,6 @@ constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
 // follow the same order of dims); else PTX's order of dims, each pair read on its own.
 constexpr bool KEY_WORD_PAIRS = KEY_MMA && (D * KBW) % 128 == 0;
 constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
-// 4- and 5-bit word pairs: lane i holds key level i mod 2^KB in both halves and a code
-// reads it by a warp shuffle, as 3- and 4-bit values are read (k_lane, below): the
-// 4-bit pair table's reads collided in the banks, 2.6-way, 60% of the kernel's
-// shared-memory wavefronts, and the 5-bit one is four times larger
-// (benchmarks/results/decode_h100_8834684.md).
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
 // buffers where they fit, so the next tile's copy runs while this one is read.
@@ -96,17 +91,25 @@ constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
 // 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
 // the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
 // (lane l reads copy l mod 16: at most two lanes a bank), where it fits the static
-// shared memory beside one staging buffer; else shuffles.
+// shared memory beside one staging buffer (it then takes the second's place: in ncu
+// that buffer saved nothing, the table's fewer instructions 15% of turbo4's time,
+// benchmarks/results/decode_h100_lane_pairs.md). A plain 256-pair table's reads
+// collided in the banks (2.6-way for 4-bit keys, 60% of the kernel's shared-memory
+// wavefronts, decode_h200_03a138b.md).
 constexpr int PAIR_COPIES = 16, LANE_PAIRS_WORDS = 256 * PAIR_COPIES;
 constexpr bool LANE_PAIRS = ((KEY_WORD_PAIRS && KB == 4) || (VALUE_MMA && VB == 4)) &&
-                            NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
-                                    4 * LANE_PAIRS_WORDS <=
+                            (STAGE_BUFFERS == 2 ? 2 : 1) * NW * STAGE_TILE * 4 +
+                                    4 * R * (2 * D + 2 * 32 * NW) + 4 * LANE_PAIRS_WORDS <=
                                 46 * 1024;
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_WORD_PAIRS && KB == 4;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
+// 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
+// level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
+// values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
+// collide (benchmarks/results/decode_h100_8834684.md).
 constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
 // The second buffer counts against the 48 KiB of static shared memory with the
-// query rows, the tile's scores and weights, which grow with R, and the key pairs.
+// query rows, the tile's scores and weights, which grow with R, and the pair tables.
 // STAGE_BUFFERS (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
                      : 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
@@ -138,10 +141,10 @@ __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
-// of the 16 level pairs of two codes (one read per A register); for VB = 3, 4 each lane
-// holds one level and a code reads it by a warp shuffle (v_lane, below): 4-bit pairs
-// collided in the banks (2.9-way), and a 3-bit pair's index took more instructions
-// than two shuffles.
+// of the 16 level pairs of two codes (one read per A register); for VB = 4 the lane
+// pairs (above); for VB = 3, and 4 where those do not fit, each lane holds one level and
+// a code reads it by a warp shuffle (v_lane, below): a 3-bit pair's index took more
+// instructions than two shuffles.
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
 __shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_WORDS : 1];
@@ -192,7 +195,7 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
 } else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 }
-// VB = 3, 4 on the tensor cores, and KEY_SHUFFLES: this lane's level (lane_level)
+// shuffled values and keys: this lane's level (lane_level)
 uint32_t v_lane = 0u, k_lane = 0u;
 if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS) {
   v_lane = lane_level<VB>(v_levels_in, lane);
@@ -390,8 +393,8 @@ auto value_token = [](int t, int c) {
 auto pair_word = [](int token) {
   return ((token >> 1) & ~(PAIR_DELTA - 1)) | (token & (PAIR_DELTA - 1));
 };
-// 2-bit values: two tokens' codes of dims 2i and 2i + 1 side by side (a 4-bit field
-// per pair, in `even` and `odd`), so a pair's table index is one field.
+// 2- and 4-bit values: two tokens' codes of dims 2i and 2i + 1 side by side (a field of
+// 2 VB bits per pair, in `even` and `odd`), so a pair's table index is one field.
 constexpr uint32_t LOW_CODES = VB == 2 ? 0x33333333u : 0x0F0F0F0Fu;
 auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[GW],
                       uint32_t (&odd)[GW]) {
