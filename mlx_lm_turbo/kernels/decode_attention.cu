@@ -88,18 +88,23 @@ constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
 constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
+// The shared arrays that grow with R (the query rows and their transpose, a tile's
+// weights, its key dots and its fp16 weight pairs): with the staging buffers and the
+// pair tables they count against the 48 KiB of static shared memory (46 KiB in the
+// tests below leave the fixed arrays room).
+constexpr int ROWS_BYTES = 4 * R * (2 * D + 2 * 32 * NW) + (VALUE_MMA ? 4 * NW * R * 17 : 0);
 // 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
 // the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
 // (lane l reads copy l mod 16: at most two lanes a bank), where it fits the static
-// shared memory beside one staging buffer (it then takes the second's place: in ncu
-// that buffer saved nothing, the table's fewer instructions 15% of turbo4's time,
+// shared memory beside one staging buffer (it then takes the place of the second, which
+// saved nothing measurable; the table's fewer instructions cut turbo4's kernel 15%:
 // benchmarks/results/decode_h100_lane_pairs.md). A plain 256-pair table's reads
 // collided in the banks (2.6-way for 4-bit keys, 60% of the kernel's shared-memory
 // wavefronts, decode_h200_03a138b.md).
 constexpr int PAIR_COPIES = 16, LANE_PAIRS_WORDS = 256 * PAIR_COPIES;
 constexpr bool LANE_PAIRS = ((KEY_WORD_PAIRS && KB == 4) || (VALUE_MMA && VB == 4)) &&
-                            (STAGE_BUFFERS == 2 ? 2 : 1) * NW * STAGE_TILE * 4 +
-                                    4 * R * (2 * D + 2 * 32 * NW) + 4 * LANE_PAIRS_WORDS <=
+                            (STAGE_BUFFERS == 2 ? 2 : 1) * NW * STAGE_TILE * 4 + ROWS_BYTES +
+                                    4 * LANE_PAIRS_WORDS <=
                                 46 * 1024;
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_WORD_PAIRS && KB == 4;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
@@ -108,12 +113,13 @@ constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
 // collide (benchmarks/results/decode_h100_8834684.md).
 constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
-// The second buffer counts against the 48 KiB of static shared memory with the
-// query rows, the tile's scores and weights, which grow with R, and the pair tables.
-// STAGE_BUFFERS (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
+// Keys' level pairs in one plain table (k_pairs, below) where neither of those serves.
+constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
+// The second buffer where it fits beside ROWS_BYTES and the pair tables. STAGE_BUFFERS
+// (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
-                     : 2 * NW * STAGE_TILE * 4 + 4 * R * (2 * D + 2 * 32 * NW) +
-                                 (KEY_MMA ? KEY_PAIR_BYTES : 0) +
+                     : 2 * NW * STAGE_TILE * 4 + ROWS_BYTES +
+                                 (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
                                  (LANE_PAIRS ? 4 * LANE_PAIRS_WORDS : 0) <=
                              46 * 1024
                          ? 2
@@ -160,13 +166,14 @@ __shared__ float warp_m[NW][R], warp_l[NW][R];
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
 __shared__ __align__(16) uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
 auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
-// KEY_MMA: a pair of key codes -> its two levels as f16x2; a tile's raw key dots. For
-// 2- and 3-bit keys (KEY_PAIR_OR) the table is aligned to its size, so an entry's shared
-// address is the table's OR the code's byte offset: one LOP3 with the mask, where adding
-// it cost another instruction (5-bit keys' 4 KiB table would cost padding instead).
+// KEY_PAIR_TABLE: a pair of key codes -> its two levels as f16x2; KEY_MMA: a tile's raw
+// key dots. For 2- and 3-bit keys (KEY_PAIR_OR) the table is aligned to its size, so an
+// entry's shared address is the table's OR the code's byte offset: one LOP3 with the
+// mask, where adding it cost another instruction (5-bit keys' 4 KiB table would cost
+// padding instead).
 constexpr bool KEY_PAIR_OR = KEY_MMA && KB <= 3;
 __shared__ __align__(KEY_PAIR_OR ? KEY_PAIR_BYTES : 4) uint32_t
-    k_pairs[KEY_MMA && !KEY_SHUFFLES ? KEY_PAIR_BYTES / 4 : 1];
+    k_pairs[KEY_PAIR_TABLE ? KEY_PAIR_BYTES / 4 : 1];
 const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pairs));
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
@@ -215,7 +222,7 @@ auto lane_pair = [&](const auto& w, int j) {
   return load_shared(pair_copy_at + code_at<8>(w, j) * (4 * PAIR_COPIES));
 };
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
-if constexpr (KEY_MMA && !KEY_SHUFFLES) {
+if constexpr (KEY_PAIR_TABLE) {
   for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
     k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
   }
@@ -447,10 +454,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
             return load_shared(k_pairs_at | code_bytes<2 * KB>(w, j));
           } else if constexpr (KEY_LANE_PAIRS) {
             return lane_pair(w, j);
-          } else if constexpr (KEY_SHUFFLES) {
+          } else {  // KEY_SHUFFLES: every other width of word pairs
             return shuffled_levels(k_lane, code_low<KB>(w, 2 * j), code_low<KB>(w, 2 * j + 1));
-          } else {
-            return k_pairs[code_at<2 * KB>(w, j)];  // one permute and an add
           }
         };
 #pragma unroll
