@@ -141,6 +141,13 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The levels of a pair of BITS-bit codes (pair = lo | hi << BITS) as one f16x2 register,
+// lo's in the low half: an entry of the kernels' level-pair tables.
+template <int BITS>
+__device__ __forceinline__ uint32_t pair_levels(const float* levels, int pair) {
+  return pack_half2(levels[pair & ((1 << BITS) - 1)], levels[pair >> BITS]);
+}
+
 // A codebook held one level a lane for warp shuffles: lane i's level i mod 2^BITS in both
 // halves. A shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0
 // indexes its level with no mask (the bits above it pick a copy of the same level).

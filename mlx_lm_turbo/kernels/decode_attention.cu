@@ -88,11 +88,14 @@ constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
 constexpr int STAGE_STRIDE = KEY_MMA ? RW : VW, STAGE_FROM = KEY_MMA ? 0 : KW;
 constexpr int STAGE_VALUES = KEY_MMA ? KW : 0;
 constexpr int STAGE_TILE = 32 * STAGE_STRIDE;  // words of one tile's stage
-// The shared arrays that grow with R (the query rows and their transpose, a tile's
-// weights, its key dots and its fp16 weight pairs): with the staging buffers and the
-// pair tables they count against the 48 KiB of static shared memory (46 KiB in the
-// tests below leave the fixed arrays room).
+// Whether `buffers` staging buffers and `table_bytes` of pair tables fit the 48 KiB of
+// static shared memory beside the arrays that grow with R (the query rows and their
+// transpose, a tile's weights, its key dots and its fp16 weight pairs); 46 KiB leave the
+// fixed arrays room. The one test of both choices below.
 constexpr int ROWS_BYTES = 4 * R * (2 * D + 2 * 32 * NW) + (VALUE_MMA ? 4 * NW * R * 17 : 0);
+constexpr auto fits_shared = [](int buffers, int table_bytes) {
+  return buffers * NW * STAGE_TILE * 4 + ROWS_BYTES + table_bytes <= 46 * 1024;
+};
 // 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
 // the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
 // (lane l reads copy l mod 16: at most two lanes a bank), where it fits the static
@@ -101,13 +104,13 @@ constexpr int ROWS_BYTES = 4 * R * (2 * D + 2 * 32 * NW) + (VALUE_MMA ? 4 * NW *
 // benchmarks/results/decode_h100_lane_pairs.md). A plain 256-pair table's reads
 // collided in the banks (2.6-way for 4-bit keys, 60% of the kernel's shared-memory
 // wavefronts, decode_h200_03a138b.md).
-constexpr int PAIR_COPIES = 16, LANE_PAIRS_WORDS = 256 * PAIR_COPIES;
-constexpr bool LANE_PAIRS = ((KEY_WORD_PAIRS && KB == 4) || (VALUE_MMA && VB == 4)) &&
-                            (STAGE_BUFFERS == 2 ? 2 : 1) * NW * STAGE_TILE * 4 + ROWS_BYTES +
-                                    4 * LANE_PAIRS_WORDS <=
-                                46 * 1024;
-constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_WORD_PAIRS && KB == 4;
-constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
+constexpr int PAIR_COPIES = 16, LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;
+constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
+constexpr bool VALUE_PAIRS_4BIT = VALUE_MMA && VB == 4;
+constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&
+                            fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES);
+constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_PAIRS_4BIT;
+constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
 // 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
 // level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
@@ -115,13 +118,11 @@ constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_MMA && VB == 4;
 constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
 // Keys' level pairs in one plain table (k_pairs, below) where neither of those serves.
 constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
-// The second buffer where it fits beside ROWS_BYTES and the pair tables. STAGE_BUFFERS
-// (the header's; 0: this choice) forces one or two, for launch-bound sweeps.
+// The second buffer where it fits beside the pair tables. STAGE_BUFFERS (the header's;
+// 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
-                     : 2 * NW * STAGE_TILE * 4 + ROWS_BYTES +
-                                 (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
-                                 (LANE_PAIRS ? 4 * LANE_PAIRS_WORDS : 0) <=
-                             46 * 1024
+                     : fits_shared(2, (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
+                                          (LANE_PAIRS ? LANE_PAIRS_BYTES : 0))
                          ? 2
                          : 1;
 
@@ -153,7 +154,7 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // instructions than two shuffles.
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
-__shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_WORDS : 1];
+__shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_BYTES / 4 : 1];
 __shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
@@ -197,7 +198,7 @@ if constexpr (KB > 0) {
 }
 if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
   for (int j = threadIdx.x; j < (1 << (2 * VB)); j += THREADS) {
-    v_pairs[j] = pack_half2(v_levels_in[j & ((1 << VB) - 1)], v_levels_in[j >> VB]);
+    v_pairs[j] = pair_levels<VB>(v_levels_in, j);
   }
 } else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
@@ -209,9 +210,8 @@ if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS) {
 }
 if constexpr (LANE_PAIRS) {  // 4-bit keys and values share it: both codebook(D, 4)
   const float* levels = KEY_LANE_PAIRS ? k_levels_in : v_levels_in;
-  for (int j = threadIdx.x; j < LANE_PAIRS_WORDS; j += THREADS) {
-    const int pair = j / PAIR_COPIES;
-    lane_pairs[j] = pack_half2(levels[pair & 15], levels[pair >> 4]);
+  for (int j = threadIdx.x; j < LANE_PAIRS_BYTES / 4; j += THREADS) {
+    lane_pairs[j] = pair_levels<4>(levels, j / PAIR_COPIES);
   }
 }
 // pair j of a run of 8-bit pair codes: its levels (the low code's in the low half),
@@ -224,7 +224,7 @@ auto lane_pair = [&](const auto& w, int j) {
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
 if constexpr (KEY_PAIR_TABLE) {
   for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
-    k_pairs[j] = pack_half2(k_levels_in[j & ((1 << KB) - 1)], k_levels_in[j >> KB]);
+    k_pairs[j] = pair_levels<KB>(k_levels_in, j);
   }
 }
 __syncthreads();
