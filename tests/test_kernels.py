@@ -359,6 +359,18 @@ def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize("scheme", ["turbo4v2", "turbo5v3", "turbo2"])
+def test_verify_steps_of_other_widths(monkeypatch, scheme):
+    # 4 x 8 query rows a KV head at head dim 128: the shared-memory fit test picks these
+    # shapes' staging buffers and level tables (turbo4v2's once asked for over 48 KiB).
+    cache = filled_cache(
+        TurboQuantKVCache(scheme), 3000, 4, 128, mx.float16, chunk=1024
+    )
+    q, view, mask = step_inputs(cache, 8, 4, 4, 128, mx.float16)
+    check(monkeypatch, q, view, mask)
+
+
+@pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo3", "turbo2"])
 def test_more_than_eight_query_rows_at_head_dim_64(monkeypatch, scheme):
     # 3 x 8 query rows a KV head (SmolLM2's group, a verify step): 16 rows a block, so
