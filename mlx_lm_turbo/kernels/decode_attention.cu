@@ -111,6 +111,15 @@ constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&
                             fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES);
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_PAIRS_4BIT;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
+// 3-bit values alike: the 64 level pairs held PAIR_COPIES times (4 KiB), aligned to their
+// size, so that an entry's address is this lane's copy OR a 6-bit pair field in place:
+// a shift and a LOP3 a register, where two shifts, two shuffles and a permute were.
+// Counted twice: its alignment may cost as much padding.
+constexpr int LANE_PAIRS3_BYTES = 4 * 64 * PAIR_COPIES;
+constexpr bool VALUE_LANE_PAIRS3 =
+    VALUE_MMA && VB == 3 &&
+    fits_shared(STAGE_BUFFERS == 2 ? 2 : 1,
+                (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) + 2 * LANE_PAIRS3_BYTES);
 // 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
 // level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
@@ -122,7 +131,8 @@ constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
 // 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
                      : fits_shared(2, (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
-                                          (LANE_PAIRS ? LANE_PAIRS_BYTES : 0))
+                                          (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) +
+                                          (VALUE_LANE_PAIRS3 ? 2 * LANE_PAIRS3_BYTES : 0))
                          ? 2
                          : 1;
 
@@ -148,13 +158,14 @@ __shared__ float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
-// of the 16 level pairs of two codes (one read per A register); for VB = 4 the lane
-// pairs (above); for VB = 3, and 4 where those do not fit, each lane holds one level and
-// a code reads it by a warp shuffle (v_lane, below): a 3-bit pair's index took more
-// instructions than two shuffles.
+// of the 16 level pairs of two codes (one read per A register); for VB = 4 and 3 the lane
+// pairs (above); where those do not fit, each lane holds one level and a code reads it
+// by a warp shuffle (v_lane, below).
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
 __shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_BYTES / 4 : 1];
+__shared__ __align__(VALUE_LANE_PAIRS3 ? LANE_PAIRS3_BYTES : 4) uint32_t
+    lane_pairs3[VALUE_LANE_PAIRS3 ? LANE_PAIRS3_BYTES / 4 : 1];
 __shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
@@ -205,7 +216,7 @@ if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
 }
 // shuffled values and keys: this lane's level (lane_level)
 uint32_t v_lane = 0u, k_lane = 0u;
-if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS) {
+if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS && !VALUE_LANE_PAIRS3) {
   v_lane = lane_level<VB>(v_levels_in, lane);
 }
 if constexpr (LANE_PAIRS) {  // 4-bit keys and values share it: both codebook(D, 4)
@@ -220,6 +231,19 @@ const uint32_t pair_copy_at =
     static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs)) + lane % PAIR_COPIES * 4;
 auto lane_pair = [&](const auto& w, int j) {
   return load_shared(pair_copy_at + code_at<8>(w, j) * (4 * PAIR_COPIES));
+};
+if constexpr (VALUE_LANE_PAIRS3) {
+  for (int j = threadIdx.x; j < LANE_PAIRS3_BYTES / 4; j += THREADS) {
+    lane_pairs3[j] = pair_levels<3>(v_levels_in, j / PAIR_COPIES);
+  }
+}
+// field k (bits 6k .. 6k + 5) of a word of 6-bit pair codes: its levels, from this
+// lane's copy (entries 64 bytes apart: the field moved to bits 6 .. 11, masked, OR'd)
+const uint32_t pair3_copy_at =
+    static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs3)) + lane % PAIR_COPIES * 4;
+auto lane_pair3 = [&](uint32_t w, int k) {
+  const uint32_t field_at_6 = k == 0 ? w << 6 : w >> (6 * k - 6);
+  return load_shared(pair3_copy_at | (field_at_6 & 0xFC0u));
 };
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
 if constexpr (KEY_PAIR_TABLE) {
@@ -409,6 +433,20 @@ auto interleave = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32
   for (int i = 0; i < GW; ++i) {
     even[i] = (lo[i] & LOW_CODES) | ((hi[i] << VB) & ~LOW_CODES);
     odd[i] = ((lo[i] >> VB) & LOW_CODES) | (hi[i] & ~LOW_CODES);
+  }
+};
+// 3-bit values alike, by chunks of 8 dims (24 bits): field k of even[c] (bits 6k ..
+// 6k + 5) holds dim 8c + 2k's pair, of odd[c] dim 8c + 2k + 1's. The bits above a
+// chunk's 24 are whatever follows; lane_pair3 reads only the field it names.
+constexpr int VCH = (GD + 7) / 8;
+constexpr uint32_t EVEN_CODES3 = 0x1C71C7u;  // a chunk's codes 0, 2, 4 and 6
+auto interleave3 = [&](const uint32_t (&lo)[GW], const uint32_t (&hi)[GW], uint32_t (&even)[VCH],
+                       uint32_t (&odd)[VCH]) {
+#pragma unroll
+  for (int c = 0; c < VCH; ++c) {
+    const uint32_t a = code_low<24>(lo, c), b = code_low<24>(hi, c);
+    even[c] = (a & EVEN_CODES3) | ((b << 3) & ~EVEN_CODES3);
+    odd[c] = ((a >> 3) & EVEN_CODES3) | (b & ~EVEN_CODES3);
   }
 };
 
@@ -631,7 +669,7 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       uint32_t b0 = weight_pairs[warp][b_row][pair_word(value_token(frag_t, 4 * pass))];
       uint32_t b1 = weight_pairs[warp][b_row][pair_word(value_token(frag_t, 4 * pass + 2))];
       if (frag_group >= R) b0 = b1 = 0u;
-      uint32_t bits[4][GW], even[2][GW], odd[2][GW];
+      uint32_t bits[4][GW], even[2][GW], odd[2][GW], even3[2][VCH], odd3[2][VCH];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         value_bits(stage + value_token(frag_t, 4 * pass + c) * STAGE_STRIDE + STAGE_VALUES,
@@ -640,11 +678,16 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       if constexpr (VALUE_PAIR_TABLE || VALUE_LANE_PAIRS) {
         interleave(bits[0], bits[1], even[0], odd[0]);
         interleave(bits[2], bits[3], even[1], odd[1]);
+      } else if constexpr (VALUE_LANE_PAIRS3) {
+        interleave3(bits[0], bits[1], even3[0], odd3[0]);
+        interleave3(bits[2], bits[3], even3[1], odd3[1]);
       }
       // The A register of dim j (2 mt or 2 mt + 1) for the tokens of slots 2p, 2p + 1.
       auto level_pair = [&](int p, int j) -> uint32_t {
         if constexpr (VALUE_LANE_PAIRS) {
           return lane_pair((j & 1) ? odd[p] : even[p], j >> 1);
+        } else if constexpr (VALUE_LANE_PAIRS3) {
+          return lane_pair3((j & 1) ? odd3[p][j >> 3] : even3[p][j >> 3], (j & 7) >> 1);
         } else if constexpr (!VALUE_PAIR_TABLE) {
           return shuffled_levels(v_lane, code_low<VB>(bits[2 * p], j),
                                  code_low<VB>(bits[2 * p + 1], j));
