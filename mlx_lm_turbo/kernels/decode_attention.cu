@@ -111,15 +111,17 @@ constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&
                             fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES);
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_PAIRS_4BIT;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
-// 3-bit values alike: the 64 level pairs held PAIR_COPIES times (4 KiB), aligned to their
-// size, so that an entry's address is this lane's copy OR a 6-bit pair field in place:
-// a shift and a LOP3 a register, where two shifts, two shuffles and a permute were.
-// Counted twice: its alignment may cost as much padding.
-constexpr int LANE_PAIRS3_BYTES = 4 * 64 * PAIR_COPIES;
+// 3-bit values alike: the 64 level pairs held PAIR_COPIES times (4 KiB), at a shared
+// address aligned to its size, so that an entry's address is this lane's copy OR a 6-bit
+// pair field in place: a shift and a LOP3 a register (lane_pair3, below), where two
+// shifts, two shuffles and a permute were. The alignment is found at run time in room
+// 4 KiB larger: __align__ above 1 KiB does not hold in the shared window (its first KiB
+// is reserved), and adding the table's address cost an instruction a register.
+constexpr int LANE_PAIRS3_BYTES = 4 * 64 * PAIR_COPIES, LANE_PAIRS3_ROOM = 2 * LANE_PAIRS3_BYTES;
 constexpr bool VALUE_LANE_PAIRS3 =
     VALUE_MMA && VB == 3 &&
     fits_shared(STAGE_BUFFERS == 2 ? 2 : 1,
-                (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) + 2 * LANE_PAIRS3_BYTES);
+                (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) + LANE_PAIRS3_ROOM);
 // 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
 // level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
@@ -132,7 +134,7 @@ constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
                      : fits_shared(2, (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
                                           (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) +
-                                          (VALUE_LANE_PAIRS3 ? 2 * LANE_PAIRS3_BYTES : 0))
+                                          (VALUE_LANE_PAIRS3 ? LANE_PAIRS3_ROOM : 0))
                          ? 2
                          : 1;
 
@@ -164,8 +166,7 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
 __shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_BYTES / 4 : 1];
-__shared__ __align__(VALUE_LANE_PAIRS3 ? LANE_PAIRS3_BYTES : 4) uint32_t
-    lane_pairs3[VALUE_LANE_PAIRS3 ? LANE_PAIRS3_BYTES / 4 : 1];
+__shared__ uint32_t lane_pairs3_room[VALUE_LANE_PAIRS3 ? LANE_PAIRS3_ROOM / 4 : 1];
 __shared__ uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 // A tile's softmax weights x value norms: float per token and row (exact tiles, and
 // where values are summed lane by lane), or fp16 pairs of tokens as the compressed
@@ -232,15 +233,17 @@ const uint32_t pair_copy_at =
 auto lane_pair = [&](const auto& w, int j) {
   return load_shared(pair_copy_at + code_at<8>(w, j) * (4 * PAIR_COPIES));
 };
+const uint32_t room_at = static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs3_room));
+const uint32_t lane_pairs3_at = (room_at + LANE_PAIRS3_BYTES - 1) & ~uint32_t(LANE_PAIRS3_BYTES - 1);
 if constexpr (VALUE_LANE_PAIRS3) {
+  uint32_t* lane_pairs3 = lane_pairs3_room + (lane_pairs3_at - room_at) / 4;
   for (int j = threadIdx.x; j < LANE_PAIRS3_BYTES / 4; j += THREADS) {
     lane_pairs3[j] = pair_levels<3>(v_levels_in, j / PAIR_COPIES);
   }
 }
 // field k (bits 6k .. 6k + 5) of a word of 6-bit pair codes: its levels, from this
 // lane's copy (entries 64 bytes apart: the field moved to bits 6 .. 11, masked, OR'd)
-const uint32_t pair3_copy_at =
-    static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs3)) + lane % PAIR_COPIES * 4;
+const uint32_t pair3_copy_at = lane_pairs3_at | lane % PAIR_COPIES * 4;
 auto lane_pair3 = [&](uint32_t w, int k) {
   const uint32_t field_at_6 = k == 0 ? w << 6 : w >> (6 * k - 6);
   return load_shared(pair3_copy_at | (field_at_6 & 0xFC0u));
