@@ -95,14 +95,20 @@ template <typename V>
 inline V __shfl_xor_sync(unsigned, V v, int mask) {
   return gpu_on_cpu::exchange(v, gpu_on_cpu::current->lane ^ mask);
 }
+// A shared-window address, as a GPU's: the window's first KiB is reserved (sm_80+), so
+// static shared memory starts at 0x400 and an array's alignment above 1 KiB does not
+// carry over to its address; host memory's does, so the window here is the host
+// address plus 0x400 (load_shared takes it off).
+constexpr uint32_t SHARED_RESERVED = 0x400;
 inline size_t __cvta_generic_to_shared(const void* p) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  if (gpu_on_cpu::shared_high_set && (at >> 32) != gpu_on_cpu::shared_high) {
+  if ((gpu_on_cpu::shared_high_set && (at >> 32) != gpu_on_cpu::shared_high) ||
+      uint32_t(at) > ~SHARED_RESERVED) {
     gpu_on_cpu::fail("shared memory spans a 4 GiB boundary");
   }
   gpu_on_cpu::shared_high = at >> 32;
   gpu_on_cpu::shared_high_set = true;
-  return uint32_t(at);
+  return uint32_t(at) + SHARED_RESERVED;
 }
 
 // common.cuh's PTX helpers, by what each instruction does (common.cuh leaves its own
@@ -118,7 +124,8 @@ inline float exp2_or_zero(float x) { return exp2f(x); }
 
 inline uint32_t load_shared(uint32_t address) {
   uint32_t v;
-  std::memcpy(&v, reinterpret_cast<const void*>((gpu_on_cpu::shared_high << 32) | address), 4);
+  const uint32_t host = address - SHARED_RESERVED;
+  std::memcpy(&v, reinterpret_cast<const void*>((gpu_on_cpu::shared_high << 32) | host), 4);
   return v;
 }
 
