@@ -281,6 +281,8 @@ WIDTHS = [
     "turbo5v3",
     "turbo6v2",
     "turbo5v2",
+    "turbo4v3",  # 4-bit keys' lane pairs beside 3-bit values
+    "turbo3v4",  # 3-bit keys' pair table beside 4-bit values' lane pairs
 ]
 
 
