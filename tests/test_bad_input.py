@@ -655,6 +655,23 @@ def test_settings_that_change_nothing_are_said(
     assert status == 0 and note in capsys.readouterr().err
 
 
+def test_a_model_with_a_freed_models_id_is_announced(tiny_model, monkeypatch, capsys):
+    # Said once per model object. A model loaded after another was freed may get its
+    # id (a CI run lost the note so); one id for every model forces that here.
+    from mlx_lm import load
+    from mlx_lm.models import cache
+
+    import mlx_lm_turbo.attach as attach
+
+    monkeypatch.setattr(settings, "active", settings.Settings(parse_scheme("turbo4")))
+    monkeypatch.setattr(attach, "id", lambda model: 1, raising=False)
+    path = str(tiny_model("llama"))
+    for _ in range(2):
+        model, _ = load(path)
+        cache.make_prompt_cache(model)
+        assert "KV caches" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "value, off",
     [

@@ -17,6 +17,7 @@ codec loads when a scheme is used.
 import functools
 import os
 import sys
+import weakref
 
 from .. import compat, settings
 from ..errors import UsageError
@@ -61,14 +62,15 @@ def make_prompt_cache_with_plugin(original):
     return make_prompt_cache
 
 
-_announced = set()
+# The models announced, by id while they live: a later model may get a freed one's id.
+_announced = weakref.WeakValueDictionary()
 
 
 def _announce(model, caches, requested):
     """Say once per model, on stderr, what was compressed: a scheme is never silently unused."""
-    if id(model) in _announced:
+    if _announced.get(id(model)) is model:
         return
-    _announced.add(id(model))
+    _announced[id(model)] = model
     import mlx.core as mx
 
     if (
