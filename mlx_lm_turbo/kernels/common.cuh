@@ -148,6 +148,15 @@ __device__ __forceinline__ uint32_t pair_levels(const float* levels, int pair) {
   return pack_half2(levels[pair & ((1 << BITS) - 1)], levels[pair >> BITS]);
 }
 
+// A table of every pair of BITS-bit codes' levels, each entry held COPIES times side by
+// side (entry e's copies at COPIES * e ..), filled by a block's threads.
+template <int BITS, int COPIES>
+__device__ __forceinline__ void fill_level_pairs(uint32_t* table, const float* levels) {
+  for (int j = threadIdx.x; j < COPIES << (2 * BITS); j += blockDim.x) {
+    table[j] = pair_levels<BITS>(levels, j / COPIES);
+  }
+}
+
 // A codebook held one level a lane for warp shuffles: lane i's level i mod 2^BITS in both
 // halves. A shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0
 // indexes its level with no mask (the bits above it pick a copy of the same level).

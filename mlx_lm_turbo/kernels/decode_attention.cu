@@ -209,9 +209,7 @@ if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
 }
 if constexpr (VALUE_MMA && VALUE_PAIR_TABLE) {
-  for (int j = threadIdx.x; j < (1 << (2 * VB)); j += THREADS) {
-    v_pairs[j] = pair_levels<VB>(v_levels_in, j);
-  }
+  fill_level_pairs<VB, 1>(v_pairs, v_levels_in);
 } else if constexpr (!VALUE_MMA) {
   for (int j = threadIdx.x; j < (1 << VB); j += THREADS) v_levels[j] = v_levels_in[j];
 }
@@ -221,10 +219,7 @@ if constexpr (VALUE_MMA && !VALUE_PAIR_TABLE && !VALUE_LANE_PAIRS && !VALUE_LANE
   v_lane = lane_level<VB>(v_levels_in, lane);
 }
 if constexpr (LANE_PAIRS) {  // 4-bit keys and values share it: both codebook(D, 4)
-  const float* levels = KEY_LANE_PAIRS ? k_levels_in : v_levels_in;
-  for (int j = threadIdx.x; j < LANE_PAIRS_BYTES / 4; j += THREADS) {
-    lane_pairs[j] = pair_levels<4>(levels, j / PAIR_COPIES);
-  }
+  fill_level_pairs<4, PAIR_COPIES>(lane_pairs, KEY_LANE_PAIRS ? k_levels_in : v_levels_in);
 }
 // pair j of a run of 8-bit pair codes: its levels (the low code's in the low half),
 // from this lane's copy (a permute, a shift-add and the read)
@@ -236,10 +231,8 @@ auto lane_pair = [&](const auto& w, int j) {
 const uint32_t room_at = static_cast<uint32_t>(__cvta_generic_to_shared(lane_pairs3_room));
 const uint32_t lane_pairs3_at = (room_at + LANE_PAIRS3_BYTES - 1) & ~uint32_t(LANE_PAIRS3_BYTES - 1);
 if constexpr (VALUE_LANE_PAIRS3) {
-  uint32_t* lane_pairs3 = lane_pairs3_room + (lane_pairs3_at - room_at) / 4;
-  for (int j = threadIdx.x; j < LANE_PAIRS3_BYTES / 4; j += THREADS) {
-    lane_pairs3[j] = pair_levels<3>(v_levels_in, j / PAIR_COPIES);
-  }
+  fill_level_pairs<3, PAIR_COPIES>(lane_pairs3_room + (lane_pairs3_at - room_at) / 4,
+                                   v_levels_in);
 }
 // field k (bits 6k .. 6k + 5) of a word of 6-bit pair codes: its levels, from this
 // lane's copy (entries 64 bytes apart: the field moved to bits 6 .. 11, masked, OR'd)
@@ -249,11 +242,7 @@ auto lane_pair3 = [&](uint32_t w, int k) {
   return load_shared(pair3_copy_at | (field_at_6 & 0xFC0u));
 };
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
-if constexpr (KEY_PAIR_TABLE) {
-  for (int j = threadIdx.x; j < KEY_PAIR_BYTES / 4; j += THREADS) {
-    k_pairs[j] = pair_levels<KB>(k_levels_in, j);
-  }
-}
+if constexpr (KEY_PAIR_TABLE) fill_level_pairs<KB, 1>(k_pairs, k_levels_in);
 __syncthreads();
 if constexpr (KB > 0) hadamard_rows<D>(q_rows, R);
 const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
