@@ -62,8 +62,12 @@ constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
 constexpr int TAIL_FROM = (RW + 3) / 4 * 4;  // RECENT: where the rows start (16-byte aligned)
 constexpr int KEY_PAIR_BYTES = KB >= 2 && KB <= 5 ? 4 << (2 * KB) : 0;
+// Where a quarter of a token's key codes is whole words (KEY_WORD_PAIRS, below), 4- and
+// 5-bit keys read no k_pairs table (lane pairs, counted where chosen, or shuffles).
+constexpr bool KEY_QUARTER_WORDS = (D * KBW) % 128 == 0;
+constexpr int KEY_TABLE_BYTES = KB >= 4 && KEY_QUARTER_WORDS ? 0 : KEY_PAIR_BYTES;
 constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
-                         NW * 32 * RW * 4 + KEY_PAIR_BYTES <= 36 * 1024;
+                         NW * 32 * RW * 4 + KEY_TABLE_BYTES <= 36 * 1024;
 // The value sum on the tensor cores too (O^T += V^T P^T per 16 tokens): lane group g
 // (lane / 4) holds dims GD * g .. GD * (g + 1) - 1 of each token, so its value codes are
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
@@ -80,7 +84,7 @@ constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
 // reads that quarter, KEY_LANE_WORDS words, and feeds every pair in it to the tensor
 // cores (a pair of 3-bit codes may straddle two of those words; the query's fragments
 // follow the same order of dims); else PTX's order of dims, each pair read on its own.
-constexpr bool KEY_WORD_PAIRS = KEY_MMA && (D * KBW) % 128 == 0;
+constexpr bool KEY_WORD_PAIRS = KEY_MMA && KEY_QUARTER_WORDS;
 constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? D * KBW / 128 : 1;
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
 // row's staging starts in the row, and where its value codes sit in the stage. Two
