@@ -361,14 +361,16 @@ def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
-@pytest.mark.parametrize("scheme", ["turbo4v2", "turbo5v3", "turbo2"])
-def test_verify_steps_of_other_widths(monkeypatch, scheme):
-    # 4 x 8 query rows a KV head at head dim 128: the shared-memory fit test picks these
-    # shapes' staging buffers and level tables (turbo4v2's once asked for over 48 KiB).
-    cache = filled_cache(
-        TurboQuantKVCache(scheme), 3000, 4, 128, mx.float16, chunk=1024
-    )
-    q, view, mask = step_inputs(cache, 8, 4, 4, 128, mx.float16)
+@pytest.mark.parametrize(
+    "scheme, D",
+    [("turbo4v2", 128), ("turbo5v3", 128), ("turbo2", 128), ("turbo5v3", 256)],
+)
+def test_verify_steps_of_other_widths(monkeypatch, scheme, D):
+    # 4 x 8 query rows a KV head: the shared-memory fit test picks these shapes' staging
+    # buffers and level tables (turbo4v2's once asked for over 48 KiB; turbo5v3 at head
+    # dim 256 fits the tensor cores' key path only without the pair table it never reads).
+    cache = filled_cache(TurboQuantKVCache(scheme), 3000, 4, D, mx.float16, chunk=1024)
+    q, view, mask = step_inputs(cache, 8, 4, 4, D, mx.float16)
     check(monkeypatch, q, view, mask)
 
 
