@@ -115,6 +115,7 @@ constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&
                             fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES);
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_PAIRS_4BIT;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
+constexpr int LANE_PAIRS_TABLE_BYTES = LANE_PAIRS ? LANE_PAIRS_BYTES : 0;
 // 3-bit values alike: the 64 level pairs held PAIR_COPIES times (4 KiB), at a shared
 // address aligned to its size, so that an entry's address is this lane's copy OR a 6-bit
 // pair field in place: a shift and a LOP3 a register (lane_pair3, below), where two
@@ -124,8 +125,7 @@ constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
 constexpr int LANE_PAIRS3_BYTES = 4 * 64 * PAIR_COPIES, LANE_PAIRS3_ROOM = 2 * LANE_PAIRS3_BYTES;
 constexpr bool VALUE_LANE_PAIRS3 =
     VALUE_MMA && VB == 3 &&
-    fits_shared(STAGE_BUFFERS == 2 ? 2 : 1,
-                (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) + LANE_PAIRS3_ROOM);
+    fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_TABLE_BYTES + LANE_PAIRS3_ROOM);
 // 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
 // level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
@@ -137,7 +137,7 @@ constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
 // 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
                      : fits_shared(2, (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
-                                          (LANE_PAIRS ? LANE_PAIRS_BYTES : 0) +
+                                          LANE_PAIRS_TABLE_BYTES +
                                           (VALUE_LANE_PAIRS3 ? LANE_PAIRS3_ROOM : 0))
                          ? 2
                          : 1;
