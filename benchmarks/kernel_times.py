@@ -7,6 +7,7 @@ within one table.
     python benchmarks/kernel_times.py --caches fp16 turbo4 --contexts 4096 131072
         [--heads 9 3 64]  # query heads, KV heads, head dim (SmolLM2's)
         [--warps-per-sm 20 --stage-buffers 1]  # the decode kernel's launch shape
+        [--max-slices 64]  # the most slices a KV head's cache is cut into
 """
 
 import argparse
@@ -19,7 +20,9 @@ from collections import defaultdict
 STEPS, MEASURED_STEPS = 30, 3
 
 
-def decode(name, context, q_heads, kv_heads, head_dim, warps_per_sm, stage_buffers):
+def decode(
+    name, context, q_heads, kv_heads, head_dim, warps_per_sm, stage_buffers, max_slices
+):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
     import mlx_lm.models.base as mlx_base
@@ -32,6 +35,8 @@ def decode(name, context, q_heads, kv_heads, head_dim, warps_per_sm, stage_buffe
     if warps_per_sm:  # else the package's
         decode_attention.WARPS_PER_SM = warps_per_sm
     decode_attention.STAGE_BUFFERS = stage_buffers
+    if max_slices:
+        decode_attention.MAX_SLICES = max_slices
     install_attention_dispatch()
     make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
     caches = [make() for _ in range(8)]
@@ -119,11 +124,17 @@ def main():
         default=0,
         help="its staging buffers a warp (decode_attention.STAGE_BUFFERS; 0: its choice)",
     )
-    parser.add_argument("--run", nargs=7, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-slices",
+        type=int,
+        default=0,
+        help="the most slices (decode_attention.MAX_SLICES, at most its own; 0: that)",
+    )
+    parser.add_argument("--run", nargs=8, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return decode(args.run[0], *map(int, args.run[1:]))
-    shape = (args.warps_per_sm, args.stage_buffers)
+    shape = (args.warps_per_sm, args.stage_buffers, args.max_slices)
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
     for context in args.contexts:
