@@ -64,6 +64,9 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 template <typename V>
 inline V __ldcg(const V* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(V)) {
+    gpu_on_cpu::fail("a load misaligned for its type (a GPU faults)");
+  }
   return *p;
 }
 // One OS thread runs every fiber and switches only at barriers: plain updates are atomic.

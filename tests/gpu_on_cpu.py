@@ -241,15 +241,21 @@ class EmulatedKernel:
         mx.eval(inputs)
         program = self._program(inputs, output_dtypes, template)
         library = self._library(program)
-        keep, pointers = [], []
+        keep, pointers, write_back = [], [], []
 
         def buffer(array):
-            # the array's own memory (writes land in it, as a kernel's do on a GPU)
+            # the array's own memory (writes land in it, as a kernel's do on a GPU);
+            # where it is not aligned as a GPU's allocations are (256 bytes: a vector
+            # load's alignment holds there), a copy that is, copied back after
             view = array
             if array.dtype in NUMPY_VIEW:
                 view = mx.view(array, NUMPY_VIEW[array.dtype])
                 mx.eval(view)
             data = np.array(view, copy=False)
+            if data.size and data.ctypes.data % ALIGNMENT:
+                aligned = _aligned_like(data)
+                write_back.append((data, aligned))
+                data = aligned
             keep.append(data)
             return data
 
@@ -285,7 +291,21 @@ class EmulatedKernel:
             (ctypes.c_uint * 3)(*threadgroup),
             ctypes.c_uint(SEED),
         )
+        for data, aligned in write_back:
+            data[...] = aligned
         return [_to_mlx(raw, shape, dtype) for raw, shape, dtype in outputs]
+
+
+ALIGNMENT = 256
+
+
+def _aligned_like(data):
+    """A copy of a contiguous array at an address aligned to ALIGNMENT."""
+    raw = np.empty(data.nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    aligned = raw[start : start + data.nbytes].view(data.dtype).reshape(data.shape)
+    aligned[...] = data
+    return aligned
 
 
 def _numpy_dtype(dtype):
