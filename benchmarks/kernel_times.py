@@ -134,6 +134,11 @@ def main():
     args = parser.parse_args()
     if args.run:
         return decode(args.run[0], *map(int, args.run[1:]))
+    from mlx_lm_turbo.kernels.decode_attention import MAX_SLICES
+
+    if not 0 <= args.max_slices <= MAX_SLICES:
+        # the merging block's staging memory holds a weight per part up to that
+        parser.error(f"--max-slices: at most {MAX_SLICES} (this package's), or 0")
     shape = (args.warps_per_sm, args.stage_buffers, args.max_slices)
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
