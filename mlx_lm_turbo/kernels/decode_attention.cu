@@ -131,8 +131,10 @@ constexpr bool VALUE_LANE_PAIRS3 =
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
 // collide (benchmarks/results/decode_h100_8834684.md).
 constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
-// Keys' level pairs in one plain table (k_pairs, below) where neither of those serves.
-constexpr bool KEY_PAIR_TABLE = KEY_MMA && !KEY_SHUFFLES && !KEY_LANE_PAIRS;
+// Keys' level pairs in one plain table (k_pairs, below) where neither of those serves:
+// the rule KEY_MMA's fit counted (KEY_TABLE_BYTES).
+constexpr bool KEY_PAIR_TABLE = KEY_MMA && KEY_TABLE_BYTES > 0;
+static_assert(!(KEY_PAIR_TABLE && (KEY_SHUFFLES || KEY_LANE_PAIRS)));
 // The second buffer where it fits beside the pair tables. STAGE_BUFFERS (the header's;
 // 0: this choice) forces one or two, for launch-bound sweeps.
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
