@@ -133,9 +133,11 @@ def cold_answer(model, tokenizer, request):
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_concurrent_load_is_batched_and_matches_cold_single_requests(arch, tiny_model):
     server = Server(tiny_model(arch), "--kv-scheme", "turbo4")
-    shared = "Once upon a time in a small village by the sea " * 3
-    # 24 requests from 8 clients: batches form (asserted below) at half the suite time
-    # of 48 from 16, the suite's slowest test over ten architectures.
+    shared = "Once upon a time in a small village by the sea "
+    # 24 requests from 8 clients, prompts of about 70 tokens: batches form (asserted
+    # below) at a fraction of the suite time of longer prompts or more requests, the
+    # suite's slowest test over ten architectures on a CPU that runs a tiny model's
+    # prefill at a few thousand tokens a second.
     requests = [
         chat(shared + f"story {i % 5}" + " more" * (i % 7), max_tokens=6 + i % 4)
         for i in range(24)
