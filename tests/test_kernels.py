@@ -520,6 +520,32 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize("G, D", [(3, 64), (4, 256)])
+def test_one_kv_head_in_many_slices_merges_them_by_chunks(monkeypatch, G, D):
+    # One KV head (Gemma 3's at head dim 256) is cut into up to MAX_SLICES slices to
+    # fill the GPU, and a group of more parts than MERGE_CHUNK merges them by chunks,
+    # then the chunks. Slices of 32 tokens here: 48 slices and the exact part, so
+    # three full chunks and one of a part, and an odd count of 3-row parts, which
+    # leaves the chunks' rows 16-byte aligned only if the kernel aligns them.
+    from mlx_lm_turbo.kernels import decode_attention
+
+    monkeypatch.setattr(decode_attention, "MIN_SLICE_TOKENS", 32)
+    launch = decode_attention._Plan.launch
+    parts = []
+
+    def counted(plan, n_tokens):
+        grid = launch(plan, n_tokens)["grid"]
+        parts.append(grid[0] // (32 * decode_attention.WARPS))
+        return launch(plan, n_tokens)
+
+    monkeypatch.setattr(decode_attention._Plan, "launch", counted)
+    cache = filled_cache(TurboQuantKVCache("turbo4"), 1530, 1, D, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 1, G, D, mx.float16)
+    check(monkeypatch, q, view, mask)
+    assert parts == [49] and decode_attention.MERGE_CHUNK == 16
+
+
+@pytest.mark.usefixtures("cuda_kernels")
 def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
     monkeypatch,
 ):
@@ -671,7 +697,7 @@ def recording_kernel(calls):
 
 
 def test_the_shared_workspace_grows_to_every_launch_it_has_served():
-    # Row 0: a counter per group (the kernel finds the parts one row in, after
+    # Row 0: a counter per group and chunk (the kernel finds the parts one row in, after
     # workspace_shape[1] words); the rows after it: the parts. Growing for one launch
     # must keep room for the launches before, and start zeroed (the counters).
     from mlx_lm_turbo.kernels.decode_attention import _Workspace
@@ -683,11 +709,11 @@ def test_the_shared_workspace_grows_to_every_launch_it_has_served():
     assert first.shape[1] >= 3 and (first.shape[0] - 1) * first.shape[1] >= 1000
     workspace.fit(2, 500)  # fits already: the same array
     assert workspace.array is first
-    workspace.fit(9, 100)  # more groups: wider, the parts' room kept
+    workspace.fit(9, 100)  # more counters: wider, the parts' room kept
     rows, width = workspace.array.shape
     assert width >= 9 and (rows - 1) * width >= 1000
     assert not mx.any(workspace.array).item()
-    assert (workspace.groups, workspace.part_words) == (width, (rows - 1) * width)
+    assert (workspace.counters, workspace.part_words) == (width, (rows - 1) * width)
 
 
 def test_threads_share_no_workspace():

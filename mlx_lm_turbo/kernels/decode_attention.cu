@@ -889,7 +889,6 @@ const int64_t group_parts = int64_t(blockIdx.y) * n_parts;
 uint32_t* const shared_words = const_cast<uint32_t*>(workspace);
 float* parts = reinterpret_cast<float*>(shared_words + workspace_shape[1]);
 float* stats = parts + int64_t(gridDim.y) * n_parts * R * D;
-unsigned int* group_counter = shared_words + blockIdx.y;
 for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   const int r = idx / D, d = idx % D;
   float M = -INFINITY;
@@ -912,59 +911,102 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 }
 
 // -- the group's last block merges the slices (threadFenceReduction's pattern:
-// publish, count, and read the others' results from L2, past this SM's L1)
+// publish, count, and read the others' results from L2, past this SM's L1). Where a
+// group has more than MERGE_CHUNK parts, the last block of each chunk of MERGE_CHUNK
+// parts first merges them into one part of the chunk (the chunks' merges overlap the
+// slices still running), and the group's last chunk merger merges the chunks: one
+// block reading every slice's part cost about 20 us at 255 slices, where one KV head
+// needs that many slices to fill the GPU (benchmarks/results/
+// slices_gemma_shape_h100_e043dcd.md). Counters: the groups' in the workspace's first
+// gridDim.y words, then one per (chunk, group); each is zero on entry and left zero.
+const int n_chunks = (n_parts + MERGE_CHUNK - 1) / MERGE_CHUNK;
+// (16-byte aligned for their float4 reads: the stats before them may end mid-way)
+float* chunk_parts = stats + (int64_t(gridDim.y) * n_parts * R * 2 + 3) / 4 * 4;
+float* chunk_stats = chunk_parts + int64_t(gridDim.y) * n_chunks * R * D;
 __shared__ bool last_block;
-__threadfence();
-__syncthreads();
-if (threadIdx.x == 0) last_block = atomicAdd(group_counter, 1u) == unsigned(n_parts - 1);
-__syncthreads();
-if (!last_block) return;
-__threadfence();
-if (threadIdx.x == 0) *group_counter = 0u;  // every other block has counted: zero for the next call
-
-// Each part's weight per row, exp2(its max - the row's), once per (part, row) and
-// not per dim: in the staging memory, free now (the host caps the parts to fit).
+// Counts this block on `counter` and says whether it is the last of `count`; the last
+// zeroes the counter for the next call.
+auto last_of = [&](unsigned int* counter, int count) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(counter, 1u) == unsigned(count - 1);
+  __syncthreads();
+  if (!last_block) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0u;
+  return true;
+};
+// Each part's weight per row, exp2(its max - the row's), once per (part, row) and not
+// per dim: in the staging memory, free now (the host caps the parts to fit).
 float* part_weight = reinterpret_cast<float*>(scratch);  // [part][row]
-__shared__ float row_l[R];
-for (int r = warp; r < R; r += NW) {
-  const int row = rg * R + r, hq = h * G + row / L, i = row % L;
-  float M = -INFINITY;
-  for (int p = lane; p < n_parts; p += 32) {
-    M = fmaxf(M, __ldcg(stats + ((group_parts + p) * R + r) * 2));
+__shared__ float row_m[R], row_l[R];
+// The n parts from `first` ((max, sum) rows at src_stats): each row's weights, max and
+// sum; the group's final merge adds the attention-sink logit.
+auto weigh = [&](const float* src_stats, int64_t first, int n, bool final) {
+  for (int r = warp; r < R; r += NW) {
+    const int row = rg * R + r, hq = h * G + row / L, i = row % L;
+    float M = -INFINITY;
+    for (int p = lane; p < n; p += 32) {
+      M = fmaxf(M, __ldcg(src_stats + ((first + p) * R + r) * 2));
+    }
+    M = warp_max(M);
+    float sink = -INFINITY;
+    if constexpr (HAS_SINKS) {
+      if (final && row < ROWS) {
+        sink = sink_logits[(int64_t(b) * (n_kv_heads * G) + hq) * L + i];
+      }
+      M = fmaxf(M, sink);
+    }
+    float l = 0.0f;
+    for (int p = lane; p < n; p += 32) {
+      const int64_t at = ((first + p) * R + r) * 2;
+      const float w = M == -INFINITY ? 0.0f : exp2_or_zero(__ldcg(src_stats + at) - M);
+      part_weight[p * R + r] = w;
+      l += w * __ldcg(src_stats + at + 1);
+    }
+    l = warp_sum(l) + (M == -INFINITY ? 0.0f : exp2_or_zero(sink - M));
+    if (lane == 0) row_m[r] = M, row_l[r] = l;
   }
-  M = warp_max(M);
-  float sink = -INFINITY;
-  if constexpr (HAS_SINKS) {
-    if (row < ROWS) sink = sink_logits[(int64_t(b) * (n_kv_heads * G) + hq) * L + i];
-    M = fmaxf(M, sink);
-  }
-  float l = 0.0f;
-  for (int p = lane; p < n_parts; p += 32) {
-    const int64_t at = ((group_parts + p) * R + r) * 2;
-    const float w = M == -INFINITY ? 0.0f : exp2_or_zero(__ldcg(stats + at) - M);
-    part_weight[p * R + r] = w;
-    l += w * __ldcg(stats + at + 1);
-  }
-  l = warp_sum(l) + (M == -INFINITY ? 0.0f : exp2_or_zero(sink - M));
-  if (lane == 0) row_l[r] = l;
-}
-__syncthreads();
-// Four dims a thread (float4 reads: the slices' reads in flight together).
-for (int idx = 4 * threadIdx.x; idx < R * D; idx += 4 * THREADS) {
-  const int r = idx / D;
-  const float4* part = reinterpret_cast<const float4*>(parts + group_parts * R * D + idx);
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __syncthreads();
+};
+// Four dims a thread (float4 reads: the parts' reads in flight together): the n parts'
+// rows from `first` at src, summed by their weights into dst (divided by the row's sum
+// where normalise).
+auto sum_parts = [&](const float* src, int64_t first, int n, float* dst, bool normalise) {
+  for (int idx = 4 * threadIdx.x; idx < R * D; idx += 4 * THREADS) {
+    const int r = idx / D;
+    const float4* part = reinterpret_cast<const float4*>(src + first * R * D + idx);
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-  for (int p = 0; p < n_parts; ++p) {
-    const float w = part_weight[p * R + r];
-    const float4 x = __ldcg(part + int64_t(p) * (R * D / 4));
-    o.x += w * x.x, o.y += w * x.y, o.z += w * x.z, o.w += w * x.w;
+    for (int p = 0; p < n; ++p) {
+      const float w = part_weight[p * R + r];
+      const float4 x = __ldcg(part + int64_t(p) * (R * D / 4));
+      o.x += w * x.x, o.y += w * x.y, o.z += w * x.z, o.w += w * x.w;
+    }
+    const float inv = !normalise ? 1.0f : row_l[r] > 0.0f ? 1.0f / row_l[r] : 0.0f;
+    dst[idx] = o.x * inv, dst[idx + 1] = o.y * inv;
+    dst[idx + 2] = o.z * inv, dst[idx + 3] = o.w * inv;
   }
-  const float inv = row_l[r] > 0.0f ? 1.0f / row_l[r] : 0.0f;
-  // the query rows' memory, free now
-  q_rows[idx] = o.x * inv, q_rows[idx + 1] = o.y * inv;
-  q_rows[idx + 2] = o.z * inv, q_rows[idx + 3] = o.w * inv;
+};
+const float *final_parts = parts, *final_stats = stats;
+int final_n = n_parts;
+if (n_chunks > 1) {
+  const int chunk = split / MERGE_CHUNK, first = chunk * MERGE_CHUNK;
+  const int n = min(MERGE_CHUNK, n_parts - first);
+  if (!last_of(shared_words + int64_t(gridDim.y) * (1 + chunk) + blockIdx.y, n)) return;
+  weigh(stats, group_parts + first, n, false);
+  const int64_t at = int64_t(blockIdx.y) * n_chunks + chunk;
+  sum_parts(parts, group_parts + first, n, chunk_parts + at * R * D, false);
+  for (int r = threadIdx.x; r < R; r += THREADS) {
+    chunk_stats[(at * R + r) * 2] = row_m[r];
+    chunk_stats[(at * R + r) * 2 + 1] = row_l[r];
+  }
+  final_parts = chunk_parts, final_stats = chunk_stats, final_n = n_chunks;
 }
+if (!last_of(shared_words + blockIdx.y, final_n)) return;
+const int64_t final_first = int64_t(blockIdx.y) * final_n;
+weigh(final_stats, final_first, final_n, true);
+sum_parts(final_parts, final_first, final_n, q_rows, true);  // the query rows' memory, free now
 __syncthreads();
 hadamard_rows<D>(q_rows, R);
 const float unit = rsqrtf(float(D));

@@ -56,9 +56,13 @@ MIN_SLICE_TOKENS = 32 * WARPS
 TARGET_BLOCKS = (
     512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
 )
-# The merging block keeps a weight per part and query row in its staging memory
-# (at least WARPS * 64 * rows floats): parts (slices + 1) <= 256 fit at every head dim.
-MAX_SLICES = 255
+# A group of more parts than this merges them by chunks of this many first (the last
+# block of each chunk), then the chunks (decode_attention.cu).
+MERGE_CHUNK = 16
+# A merging block keeps a weight per part and query row in its staging memory (at
+# least WARPS * 64 * rows floats): 256 parts, or 256 chunks of them, fit at every head
+# dim.
+MAX_SLICES = 1023
 
 
 def fused_decode_attention(queries, kv, scale, mask, sinks=None):
@@ -258,6 +262,7 @@ def kernel_header(warps):
         f"#define __global__ __location__(global) __launch_bounds__({32 * warps}, {blocks})\n"
         f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
         f"constexpr int STAGE_BUFFERS = {STAGE_BUFFERS};\n"
+        f"constexpr int MERGE_CHUNK = {MERGE_CHUNK};\n"
     )
 
 
@@ -290,8 +295,8 @@ def _slices(n_tokens, most_slices):
 
 class _Workspace:
     """What the launches a thread builds for queries of one dtype share: the workspace
-    (a row of group counters, zero between launches, then rows for the slices' parts
-    and their (max, sum)) and the last launch's output. Each launch takes that output
+    (a row of counters, the groups' then their chunks', zero between launches, then
+    rows for the slices' parts and their (max, sum), then the chunks') and the last launch's output. Each launch takes that output
     as an input (unread): MLX then runs the launches one after another, which could
     otherwise overlap on the GPU and share the workspace. One for every layer: a
     layer's own would hold memory between steps, and an output MLX allocates at every
@@ -301,17 +306,17 @@ class _Workspace:
     def __init__(self, dtype):
         self.array = None
         self.previous = placeholder(dtype)
-        self.groups = self.part_words = 0  # what the array holds room for
+        self.counters = self.part_words = 0  # what the array holds room for
 
-    def fit(self, groups, part_words):
+    def fit(self, counters, part_words):
         """Grow the workspace (zeroed) to hold a launch's counters and parts."""
-        if groups <= self.groups and part_words <= self.part_words:
+        if counters <= self.counters and part_words <= self.part_words:
             return
-        width = max(self.groups, -(-groups // 4) * 4)  # the parts 16-byte aligned
+        width = max(self.counters, -(-counters // 4) * 4)  # the parts 16-byte aligned
         rows = -(-max(part_words, self.part_words) // width)
         self.array = mx.zeros((1 + rows, width), mx.uint32)
         mx.eval(self.array)  # before any launch, so none fills it
-        self.groups, self.part_words = width, rows * width
+        self.counters, self.part_words = width, rows * width
 
 
 _THREAD = threading.local()  # .workspaces: query dtype -> this thread's _Workspace
@@ -403,7 +408,7 @@ def _cuda_decode_attention(
     inputs[0] = queries
     inputs[at["rows"]] = rows
     workspace = _workspace(queries.dtype)
-    workspace.fit(plan.groups, plan.part_words)
+    workspace.fit(plan.counters, plan.part_words)
     inputs[at["workspace"]] = workspace.array
     inputs[at["previous"]] = workspace.previous
     if stored_keys:
@@ -515,10 +520,14 @@ class _Plan:
         # the layer's arrays; the call's own are set per call (None here)
         self.inputs = [None] * len(names)
         self.inputs[self.at["consts"]] = layer.constants(codec, scale)
-        # the workspace's room for the parts: each group's query rows x D, and their
-        # (max, sum), at most ``most_parts`` of them
+        # the workspace's room: a counter per group and per chunk of its parts; the
+        # parts, each group's query rows x D and their (max, sum), at most
+        # ``most_parts`` of them, then the chunks' alike (after up to 3 words that
+        # align them)
         most_parts = self.most_slices + self.has_exact
-        self.part_words = self.groups * most_parts * self.part_floats
+        chunks = -(-most_parts // MERGE_CHUNK) if most_parts > MERGE_CHUNK else 0
+        self.counters = self.groups * (1 + chunks)
+        self.part_words = self.groups * (most_parts + chunks) * self.part_floats + 3
         if "kscale" in self.at:
             self.inputs[self.at["kscale"]] = broadcast_rows(codec.key_scale, B)
         if "kmean" in self.at:
