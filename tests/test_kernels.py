@@ -534,9 +534,9 @@ def test_one_kv_head_in_many_slices_merges_them_by_chunks(monkeypatch, G, D):
     parts = []
 
     def counted(plan, n_tokens):
-        grid = launch(plan, n_tokens)["grid"]
-        parts.append(grid[0] // (32 * decode_attention.WARPS))
-        return launch(plan, n_tokens)
+        settings = launch(plan, n_tokens)
+        parts.append(settings["grid"][0] // (32 * decode_attention.WARPS))
+        return settings
 
     monkeypatch.setattr(decode_attention._Plan, "launch", counted)
     cache = filled_cache(TurboQuantKVCache("turbo4"), 1530, 1, D, mx.float16)

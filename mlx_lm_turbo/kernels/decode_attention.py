@@ -296,11 +296,12 @@ def _slices(n_tokens, most_slices):
 class _Workspace:
     """What the launches a thread builds for queries of one dtype share: the workspace
     (a row of counters, the groups' then their chunks', zero between launches, then
-    rows for the slices' parts and their (max, sum), then the chunks') and the last launch's output. Each launch takes that output
-    as an input (unread): MLX then runs the launches one after another, which could
-    otherwise overlap on the GPU and share the workspace. One for every layer: a
-    layer's own would hold memory between steps, and an output MLX allocates at every
-    call costs the host more (``KERNELS``). One for each thread: launches that threads
+    rows for the slices' parts and their (max, sum), then the chunks') and the last
+    launch's output. Each launch takes that output as an input (unread): MLX then
+    runs the launches one after another, which could otherwise overlap on the GPU and
+    share the workspace. One for every layer: a layer's own would hold memory between
+    steps, and an output MLX allocates at every call costs the host more
+    (``KERNELS``). One for each thread: launches that threads
     build on streams of their own are not ordered against each other."""
 
     def __init__(self, dtype):
