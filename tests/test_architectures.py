@@ -82,6 +82,30 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
             assert t.nbytes in (fixed + recent, fixed + 2 * recent)
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_asymmetric_and_fp16_key_schemes_on_every_architecture(arch, tiny_model):
+    # tests/test_cli.py runs each architecture through the command line with one scheme
+    # of four; here every architecture takes the other widths' caches in-process.
+    model, _ = load(str(tiny_model(arch)))
+    if arch.startswith("gemma4"):
+        model = with_trained_score_spread(model)
+    reference = teacher_forced_logprobs(model, TOKENS, mlx_make_prompt_cache(model), 32)
+    errors = {}
+    for scheme in ("turbo3", "turbo4v2", "turbo0v4"):
+        cache = make_prompt_cache(model, scheme, boundary_skip=0, recent_exact=1)
+        logprobs = teacher_forced_logprobs(model, TOKENS, cache, 32)
+        assert mx.all(mx.isfinite(logprobs)).item(), scheme
+        compressed = [
+            c
+            for c in cache
+            if isinstance(c, (TurboQuantKVCache, TurboQuantRotatingKVCache))
+        ]
+        assert compressed and {c.scheme.name for c in compressed} == {scheme}
+        errors[scheme] = kl(reference, logprobs)
+    # fp16 keys and 4-bit values err less than 3-bit keys and values
+    assert errors["turbo0v4"] < errors["turbo3"], errors
+
+
 @pytest.mark.parametrize(
     "arch, kinds",
     [
