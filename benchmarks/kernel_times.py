@@ -8,6 +8,7 @@ within one table.
         [--heads 9 3 64]  # query heads, KV heads, head dim (SmolLM2's)
         [--warps-per-sm 20 --stage-buffers 1]  # the decode kernel's launch shape
         [--max-slices 64]  # the most slices a KV head's cache is cut into
+        [--target-blocks 1024]  # the blocks a launch aims at (slices x groups)
 """
 
 import argparse
@@ -21,7 +22,15 @@ STEPS, MEASURED_STEPS = 30, 3
 
 
 def decode(
-    name, context, q_heads, kv_heads, head_dim, warps_per_sm, stage_buffers, max_slices
+    name,
+    context,
+    q_heads,
+    kv_heads,
+    head_dim,
+    warps_per_sm,
+    stage_buffers,
+    max_slices,
+    target_blocks,
 ):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
@@ -37,6 +46,8 @@ def decode(
     decode_attention.STAGE_BUFFERS = stage_buffers
     if max_slices:
         decode_attention.MAX_SLICES = max_slices
+    if target_blocks:
+        decode_attention.TARGET_BLOCKS = target_blocks
     install_attention_dispatch()
     make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
     caches = [make() for _ in range(8)]
@@ -130,7 +141,14 @@ def main():
         default=0,
         help="the most slices (decode_attention.MAX_SLICES, at most its own; 0: that)",
     )
-    parser.add_argument("--run", nargs=8, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--target-blocks",
+        type=int,
+        default=0,
+        help="the blocks a launch aims at, slices times groups "
+        "(decode_attention.TARGET_BLOCKS; 0: the package's)",
+    )
+    parser.add_argument("--run", nargs=9, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return decode(args.run[0], *map(int, args.run[1:]))
@@ -139,7 +157,9 @@ def main():
     if not 0 <= args.max_slices <= MAX_SLICES:
         # the merging block's staging memory holds a weight per part up to that
         parser.error(f"--max-slices: at most {MAX_SLICES} (this package's), or 0")
-    shape = (args.warps_per_sm, args.stage_buffers, args.max_slices)
+    if args.target_blocks < 0:
+        parser.error("--target-blocks: a count of blocks, or 0 for the package's")
+    shape = (args.warps_per_sm, args.stage_buffers, args.max_slices, args.target_blocks)
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
     for context in args.contexts:

@@ -301,8 +301,8 @@ class _Workspace:
     runs the launches one after another, which could otherwise overlap on the GPU and
     share the workspace. One for every layer: a layer's own would hold memory between
     steps, and an output MLX allocates at every call costs the host more
-    (``KERNELS``). One for each thread: launches that threads
-    build on streams of their own are not ordered against each other."""
+    (``KERNELS``). One for each thread: launches that threads build on streams of their
+    own are not ordered against each other."""
 
     def __init__(self, dtype):
         self.array = None
