@@ -35,12 +35,19 @@ def with_trained_score_spread(model):
     return model
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_compressed_and_close_to_fp16(arch, tiny_model):
+def model_and_fp16_logprobs(arch, tiny_model):
+    """A tiny model of ``arch`` (Gemma 4's with its scores spread as trained) and its
+    log-probabilities of TOKENS through mlx-lm's own cache."""
     model, _ = load(str(tiny_model(arch)))
     if arch.startswith("gemma4"):
         model = with_trained_score_spread(model)
-    reference = teacher_forced_logprobs(model, TOKENS, mlx_make_prompt_cache(model), 32)
+    cache = mlx_make_prompt_cache(model)
+    return model, teacher_forced_logprobs(model, TOKENS, cache, 32)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_compressed_and_close_to_fp16(arch, tiny_model):
+    model, reference = model_and_fp16_logprobs(arch, tiny_model)
     errors = {}
     for scheme in ("turbo8", "turbo4", "turbo2"):
         # W 1: the compression's own error (the default window reads most of TOKENS exactly)
@@ -86,10 +93,7 @@ def test_compressed_and_close_to_fp16(arch, tiny_model):
 def test_asymmetric_and_fp16_key_schemes_on_every_architecture(arch, tiny_model):
     # tests/test_cli.py runs each architecture through the command line with one scheme
     # of four; here every architecture takes the other widths' caches in-process.
-    model, _ = load(str(tiny_model(arch)))
-    if arch.startswith("gemma4"):
-        model = with_trained_score_spread(model)
-    reference = teacher_forced_logprobs(model, TOKENS, mlx_make_prompt_cache(model), 32)
+    model, reference = model_and_fp16_logprobs(arch, tiny_model)
     errors = {}
     for scheme in ("turbo3", "turbo4v2", "turbo0v4"):
         cache = make_prompt_cache(model, scheme, boundary_skip=0, recent_exact=1)
