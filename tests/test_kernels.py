@@ -520,13 +520,23 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
-@pytest.mark.parametrize("G, D", [(3, 64), (4, 256)])
-def test_one_kv_head_in_many_slices_merges_them_by_chunks(monkeypatch, G, D):
+@pytest.mark.parametrize(
+    "G, D, n_tokens, n_parts",
+    [
+        (3, 64, 1530, 49),  # three full chunks and one of a part
+        (4, 256, 1530, 49),
+        (3, 64, 470, 16),  # one chunk's worth: merged in one step
+        (3, 64, 500, 17),  # a full chunk and one of a part
+        (4, 256, 990, 32),  # full chunks only
+    ],
+)
+def test_one_kv_head_in_many_slices_merges_them_by_chunks(
+    monkeypatch, G, D, n_tokens, n_parts
+):
     # One KV head (Gemma 3's at head dim 256) is cut into up to MAX_SLICES slices to
     # fill the GPU, and a group of more parts than MERGE_CHUNK merges them by chunks,
-    # then the chunks. Slices of 32 tokens here: 48 slices and the exact part, so
-    # three full chunks and one of a part, and an odd count of 3-row parts, which
-    # leaves the chunks' rows 16-byte aligned only if the kernel aligns them.
+    # then the chunks. Slices of 32 tokens here, and the exact part; odd counts of
+    # 3-row parts leave the chunks' rows 16-byte aligned only if the kernel aligns them.
     from mlx_lm_turbo.kernels import decode_attention
 
     monkeypatch.setattr(decode_attention, "MIN_SLICE_TOKENS", 32)
@@ -539,10 +549,10 @@ def test_one_kv_head_in_many_slices_merges_them_by_chunks(monkeypatch, G, D):
         return settings
 
     monkeypatch.setattr(decode_attention._Plan, "launch", counted)
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 1530, 1, D, mx.float16)
+    cache = filled_cache(TurboQuantKVCache("turbo4"), n_tokens, 1, D, mx.float16)
     q, view, mask = step_inputs(cache, 1, 1, G, D, mx.float16)
     check(monkeypatch, q, view, mask)
-    assert parts == [49] and decode_attention.MERGE_CHUNK == 16
+    assert parts == [n_parts] and decode_attention.MERGE_CHUNK == 16
 
 
 @pytest.mark.usefixtures("cuda_kernels")
