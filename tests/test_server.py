@@ -136,8 +136,8 @@ def test_concurrent_load_is_batched_and_matches_cold_single_requests(arch, tiny_
     shared = "Once upon a time in a small village by the sea "
     # 24 requests from 8 clients, prompts of about 70 tokens: batches form (asserted
     # below) at a fraction of the suite time of longer prompts or more requests, the
-    # suite's slowest test over ten architectures on a CPU that runs a tiny model's
-    # prefill at a few thousand tokens a second.
+    # suite's slowest test over nine architectures on a CPU that runs a tiny model's
+    # prefill at a few hundred tokens a second (float16 matmuls).
     requests = [
         chat(shared + f"story {i % 5}" + " more" * (i % 7), max_tokens=6 + i % 4)
         for i in range(24)
