@@ -53,9 +53,9 @@ MAX_ROW_VALUES = 1024
 # Slicing: at least a tile per warp in each slice, and about this many blocks in all,
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
-TARGET_BLOCKS = (
-    512  # benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K
-)
+# benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K; 1024 is slower
+# at one KV head too, where parts merge by chunks (target_blocks_and_tests_h100_629cb85.md).
+TARGET_BLOCKS = 512
 # A group of more parts than this merges them by chunks of this many first (the last
 # block of each chunk), then the chunks (decode_attention.cu).
 MERGE_CHUNK = 16
