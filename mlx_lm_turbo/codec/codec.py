@@ -272,10 +272,6 @@ class TurboCodec:
             scale = mx.where(enough, scale, 1.0)[:, :, 0]
         return mean[:, :, 0], scale
 
-    def calibrate(self, keys: mx.array):
-        """Measure the key statistics on (B, H, T, D) keys (all rows together)."""
-        self.key_mean, self.key_scale = self.key_statistics(keys)
-
     def with_statistics(self, key_mean, key_scale):
         """This codec with other key statistics (a batch's rows have their own)."""
         codec = copy.copy(self)
