@@ -302,10 +302,10 @@ LABEL = re.compile(r"^(\.L_x_\d+):")
 
 
 def mma_loops(sass):
-    """(instructions, MMA instructions, shared loads) of each loop in nvdisasm's
-    listing that holds tensor-core instructions: the body between a label and a
-    conditional backward branch to it (the divergence handlers at the end jump back
-    unconditionally; they are no loops)."""
+    """(instructions, MMA instructions, shared loads, local loads and stores: spilled
+    registers) of each loop in nvdisasm's listing that holds tensor-core instructions:
+    the body between a label and a conditional backward branch to it (the divergence
+    handlers at the end jump back unconditionally; they are no loops)."""
     labels, listing = {}, []
     for line in sass.splitlines():
         if m := LABEL.match(line):
@@ -321,7 +321,9 @@ def mma_loops(sass):
         body = listing[start : end + 1]
         mma = sum("HMMA" in t for t in body)
         if mma:
-            loops.append((len(body), mma, sum(" LDS" in f" {t}" for t in body)))
+            shared = sum(" LDS" in f" {t}" for t in body)
+            local = sum(re.search(r"\b(LDL|STL)\b", t) is not None for t in body)
+            loops.append((len(body), mma, shared, local))
     return loops
 
 
@@ -448,9 +450,10 @@ def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
                     text=True,
                     check=True,
                 ).stdout
-                for size, mma, loads in mma_loops(listing):
+                for size, mma, loads, local in mma_loops(listing):
                     print(
-                        f"  loop: {size} instructions, {mma} MMA, {loads} shared loads"
+                        f"  loop: {size} instructions, {mma} MMA, {loads} shared "
+                        f"loads, {local} local loads and stores"
                     )
     return 1 if failed else 0
 
