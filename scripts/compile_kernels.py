@@ -10,8 +10,11 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
-counts the SASS instructions of every loop holding tensor-core instructions: the key
-loop (16 tokens an iteration) and the value loop (16 tokens) of the decode kernel.
+counts the SASS instructions of every loop holding tensor-core instructions and of
+the loops inside those, indented: the decode kernel's tile loop (32 tokens an
+iteration), its key loop (16 tokens) and its value loop (16 tokens on the tensor cores,
+else one token), with their shared loads and their spilled registers' local loads and
+stores.
 """
 
 import argparse
@@ -302,28 +305,44 @@ LABEL = re.compile(r"^(\.L_x_\d+):")
 
 
 def mma_loops(sass):
-    """(instructions, MMA instructions, shared loads, local loads and stores: spilled
-    registers) of each loop in nvdisasm's listing that holds tensor-core instructions:
-    the body between a label and a conditional backward branch to it (the divergence
-    handlers at the end jump back unconditionally; they are no loops)."""
+    """(nesting depth, instructions, MMA instructions, shared loads, local loads and
+    stores: spilled registers) of each loop in nvdisasm's listing that holds
+    tensor-core instructions, and of each loop inside one (a value sum token by token
+    runs once a token, 32 times a tile), in the listing's order. A loop is the body
+    between a label and a conditional backward branch to it (the divergence handlers
+    at the end jump back unconditionally; they are no loops)."""
     labels, listing = {}, []
     for line in sass.splitlines():
         if m := LABEL.match(line):
             labels[m.group(1)] = len(listing)
         elif m := INSTRUCTION.match(line):
             listing.append(m.group(1))
-    loops = []
+    spans = []
     for end, text in enumerate(listing):
         target = re.search(r"BRA `\((\.L_x_\d+)\)", text)
         start = labels.get(target.group(1)) if target else None
-        if start is None or start > end or not text.startswith("@"):
+        if start is not None and start <= end and text.startswith("@"):
+            spans.append((start, end))
+
+    def count(body, pattern):
+        return sum(re.search(pattern, t) is not None for t in body)
+
+    outer = [(a, b) for a, b in spans if count(listing[a : b + 1], r"\bHMMA\b") > 0]
+    loops = []
+    for a, b in sorted(spans, key=lambda span: (span[0], -span[1])):
+        depth = sum(o[0] <= a and b <= o[1] and o != (a, b) for o in outer)
+        if (a, b) not in outer and depth == 0:
             continue
-        body = listing[start : end + 1]
-        mma = sum("HMMA" in t for t in body)
-        if mma:
-            shared = sum(" LDS" in f" {t}" for t in body)
-            local = sum(re.search(r"\b(LDL|STL)\b", t) is not None for t in body)
-            loops.append((len(body), mma, shared, local))
+        body = listing[a : b + 1]
+        loops.append(
+            (
+                depth,
+                len(body),
+                count(body, r"\bHMMA\b"),
+                count(body, r"\bLDS\b"),
+                count(body, r"\b(LDL|STL)\b"),
+            )
+        )
     return loops
 
 
@@ -450,10 +469,10 @@ def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
                     text=True,
                     check=True,
                 ).stdout
-                for size, mma, loads, local in mma_loops(listing):
+                for depth, size, mma, loads, local in mma_loops(listing):
                     print(
-                        f"  loop: {size} instructions, {mma} MMA, {loads} shared "
-                        f"loads, {local} local loads and stores"
+                        f"  {'  ' * depth}loop: {size} instructions, {mma} MMA, "
+                        f"{loads} shared loads, {local} local loads and stores"
                     )
     return 1 if failed else 0
 

@@ -1435,20 +1435,28 @@ def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
     assert run.returncode == 0, run.stderr[-4000:]
 
 
-def test_mma_loops_counts_the_loops_holding_tensor_core_instructions():
+def test_mma_loops_counts_the_loops_holding_tensor_core_instructions_and_inside():
     listing = """
         /*0000*/                   MOV R1, RZ ;
 .L_x_1:
         /*0010*/                   LDS R2, [R3] ;
         /*0020*/                   HMMA.16816.F32 R4, R8, R2, R4 ;
-        /*0030*/                   IADD3 R3, R3, 0x4, RZ ;
-        /*0040*/              @!P0 BRA `(.L_x_1) ;
+.L_x_3:
+        /*0030*/                   STL [R1], R2 ;
+        /*0040*/                   LDL R2, [R1] ;
+        /*0050*/              @P2 BRA `(.L_x_3) ;
+        /*0060*/                   IADD3 R3, R3, 0x4, RZ ;
+        /*0070*/              @!P0 BRA `(.L_x_1) ;
 .L_x_2:
-        /*0050*/                   IADD3 R3, R3, 0x4, RZ ;
-        /*0060*/              @P1 BRA `(.L_x_2) ;
-        /*0070*/                   BRA `(.L_x_1) ;
-        /*0080*/                   EXIT ;
+        /*0080*/                   IADD3 R3, R3, 0x4, RZ ;
+        /*0090*/              @P1 BRA `(.L_x_2) ;
+        /*00a0*/                   BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
 """
-    # the second loop has no MMA; the last jump back is unconditional (a divergence
-    # handler's return), no loop
-    assert scripts_compile_kernels().mma_loops(listing) == [(4, 1, 1)]
+    # (depth, instructions, MMA, shared loads, local loads and stores): the loop inside
+    # the MMA loop counts, the later loop without MMA does not, and the last jump back
+    # is unconditional (a divergence handler's return), no loop
+    assert scripts_compile_kernels().mma_loops(listing) == [
+        (0, 7, 1, 1, 2),
+        (1, 3, 0, 0, 2),
+    ]
