@@ -9,6 +9,7 @@ within one table.
         [--warps-per-sm 20 --stage-buffers 1]  # the decode kernel's launch shape
         [--max-slices 64]  # the most slices a KV head's cache is cut into
         [--target-blocks 1024]  # the blocks a launch aims at (slices x groups)
+        [--value-mma-max-dim 256]  # values on the tensor cores up to this head dim
 """
 
 import argparse
@@ -31,6 +32,7 @@ def decode(
     stage_buffers,
     max_slices,
     target_blocks,
+    value_mma_max_dim,
 ):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
@@ -48,6 +50,8 @@ def decode(
         decode_attention.MAX_SLICES = max_slices
     if target_blocks:
         decode_attention.TARGET_BLOCKS = target_blocks
+    if value_mma_max_dim:
+        decode_attention.VALUE_MMA_MAX_DIM = value_mma_max_dim
     install_attention_dispatch()
     make = KVCache if name == "fp16" else (lambda: TurboQuantKVCache(name))
     caches = [make() for _ in range(8)]
@@ -148,7 +152,15 @@ def main():
         help="the blocks a launch aims at, slices times groups "
         "(decode_attention.TARGET_BLOCKS; 0: the package's)",
     )
-    parser.add_argument("--run", nargs=9, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--value-mma-max-dim",
+        type=int,
+        choices=(0, 64, 128, 256),
+        default=0,
+        help="the largest head dim whose values are summed on the tensor cores "
+        "(decode_attention.VALUE_MMA_MAX_DIM; 0: the package's)",
+    )
+    parser.add_argument("--run", nargs=10, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return decode(args.run[0], *map(int, args.run[1:]))
@@ -159,7 +171,13 @@ def main():
         parser.error(f"--max-slices: at most {MAX_SLICES} (this package's), or 0")
     if args.target_blocks < 0:
         parser.error("--target-blocks: a count of blocks, or 0 for the package's")
-    shape = (args.warps_per_sm, args.stage_buffers, args.max_slices, args.target_blocks)
+    shape = (
+        args.warps_per_sm,
+        args.stage_buffers,
+        args.max_slices,
+        args.target_blocks,
+        args.value_mma_max_dim,
+    )
     print("| cache | context | kernel | launches per step | us per launch |")
     print("|---|---:|---|---:|---:|")
     for context in args.contexts:

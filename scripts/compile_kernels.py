@@ -7,6 +7,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
     python scripts/compile_kernels.py --variants 72 --loops  # instructions per MMA loop
     python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
+    python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 256
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
@@ -387,6 +388,13 @@ def main():
         choices=(0, 1, 2),
         help="its staging buffers a warp (decode_attention.STAGE_BUFFERS)",
     )
+    parser.add_argument(
+        "--value-mma-max-dim",
+        type=int,
+        choices=(64, 128, 256),
+        help="the largest head dim whose values are summed on the tensor cores "
+        "(decode_attention.VALUE_MMA_MAX_DIM)",
+    )
     args = parser.parse_args()
     if args.simd and args.variants is not None:
         parser.error(
@@ -406,6 +414,8 @@ def main():
         decode_attention.WARPS_PER_SM = args.warps_per_sm
     if args.stage_buffers is not None:
         decode_attention.STAGE_BUFFERS = args.stage_buffers
+    if args.value_mma_max_dim is not None:
+        decode_attention.VALUE_MMA_MAX_DIM = args.value_mma_max_dim
     header = source("common.cuh")
     variants = list(attention_variants())
     chosen = (

@@ -350,6 +350,36 @@ def test_head_dims_and_dtypes(monkeypatch, scheme, dtype, D):
     check(monkeypatch, q, view, mask)
 
 
+@pytest.fixture
+def values_on_the_tensor_cores_at_256(monkeypatch):
+    """The value sum on the tensor cores at head dim 256 too (VALUE_MMA_MAX_DIM, a
+    sweep's setting); the kernels built with it are dropped after the test."""
+    from mlx_lm_turbo.kernels import decode_attention
+
+    monkeypatch.setattr(decode_attention, "VALUE_MMA_MAX_DIM", 256)
+    forget_kernels()
+    yield
+    forget_kernels()
+
+
+@pytest.mark.usefixtures("cuda_kernels", "values_on_the_tensor_cores_at_256")
+@pytest.mark.parametrize(
+    "scheme, dtype, L",
+    # 4-, 3- and 2-bit values (lane shuffles, lane pairs of 3-bit codes, a pair
+    # table); 8 query rows a block at L 2
+    [
+        ("turbo4", mx.float16, 1),
+        ("turbo3", mx.bfloat16, 1),
+        ("turbo2", mx.float16, 2),
+        ("turbo4v2", mx.bfloat16, 2),
+    ],
+)
+def test_values_on_the_tensor_cores_at_head_dim_256(monkeypatch, scheme, dtype, L):
+    cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, 256, dtype)
+    q, view, mask = step_inputs(cache, L, 2, 4, 256, dtype)
+    check(monkeypatch, q, view, mask)
+
+
 @pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize("G, L", latin_cases([1, 3, 8], [1, 2, 8]))
 def test_gqa_ratios_and_verify_steps(monkeypatch, G, L):

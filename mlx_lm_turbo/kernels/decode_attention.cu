@@ -7,7 +7,7 @@
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
 // Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
 // VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none); MAX_SINKS and STAGE_BUFFERS come from the header.
+// none); MAX_SINKS, STAGE_BUFFERS, MERGE_CHUNK and VALUE_MMA_MAX_DIM come from the header.
 // `consts` holds the key signs (D), value
 // signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
 // key boundaries (2^KB - 1) and value boundaries (2^VB - 1). A raw tail (RAW_TAIL: one
@@ -71,7 +71,9 @@ constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
 // The value sum on the tensor cores too (O^T += V^T P^T per 16 tokens): lane group g
 // (lane / 4) holds dims GD * g .. GD * (g + 1) - 1 of each token, so its value codes are
 // one run of bits; its accumulators are rows 2t, 2t + 1 (t = lane % 4) of those dims.
-constexpr bool VALUE_MMA = HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= 128 && R <= 8;
+// Up to head dim VALUE_MMA_MAX_DIM (the header's: decode_attention.py says why).
+constexpr bool VALUE_MMA =
+    HALF_MATH && VB >= 2 && VB <= 4 && D % 16 == 0 && D <= VALUE_MMA_MAX_DIM && R <= 8;
 constexpr int GD = D / 8, GB = GD * VB, GW = (GB + 31) / 32;  // dims, bits, words per group
 // A register of A holds one dim's levels for two tokens (v_pairs or shuffles, below).
 // Where each group's bits are whole words (VGW > 0), the k slots' tokens are permuted

@@ -249,6 +249,12 @@ WARPS_PER_SM = 16
 # next tile's copy overlaps this one's reading, where they fit its shared memory); 1 or
 # 2 forces it, for decode_kernel_sweep.py (with one, more blocks fit an SM).
 STAGE_BUFFERS = 0
+# The largest head dim whose values are summed on the tensor cores (else lane by lane).
+# At 256 a lane's accumulators take 64 registers: compile_kernels.py --loops then counts
+# about 2,300 instructions a 32-token tile against 3,700, but 66 of them spill
+# registers to local memory (15 lane by lane). Not measured on a GPU yet: 256 is for
+# kernel_times.py --value-mma-max-dim until it is.
+VALUE_MMA_MAX_DIM = 128
 
 
 def kernel_header(warps):
@@ -263,6 +269,7 @@ def kernel_header(warps):
         f"constexpr int MAX_SINKS = {MAX_SINKS};\n"
         f"constexpr int STAGE_BUFFERS = {STAGE_BUFFERS};\n"
         f"constexpr int MERGE_CHUNK = {MERGE_CHUNK};\n"
+        f"constexpr int VALUE_MMA_MAX_DIM = {VALUE_MMA_MAX_DIM};\n"
     )
 
 
