@@ -21,7 +21,11 @@ struct __attribute__((aligned(16))) float4 {
 struct __attribute__((aligned(8))) float2 {
   float x, y;
 };
+struct __attribute__((aligned(8))) uint2 {
+  unsigned x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 
 // fp16 and bf16 as their bits; arithmetic goes through float, as the kernels' does.
 struct __half {

@@ -164,7 +164,7 @@ const T* recent_rows =
     reinterpret_cast<const T*>(recent + b * recent_strides[0] + h * recent_strides[1] + TAIL_FROM);
 const int64_t tail_words = TAIL_FROM + int64_t(n_recent) * D * sizeof(T);
 
-__shared__ float q_rows[R * D];  // [r][d] while being rotated
+__shared__ __align__(16) float q_rows[R * D];  // [r][d] while being rotated
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
@@ -271,17 +271,29 @@ auto key_pair = [](int ks, int half, int t) {
     return ks * 8 + 4 * half + t;
   }
 };
-uint32_t q_frag[KEY_MMA ? D / 16 : 1][QT][2];
+// Past head dim 128, where the values' accumulators take the registers too, the
+// fragments go to the query rows' shared memory, free until the final merge (where it
+// holds them: R >= 4 QT), read back as one 8-byte load a k step: at head dim 256 that
+// cut the tile's spilled local loads and stores from 66 to 23 (compile_kernels --loops).
+constexpr bool Q_FRAG_SHARED = KEY_MMA && VALUE_MMA && D > 128 && R >= 4 * QT;
+uint2* const q_frag_shared = reinterpret_cast<uint2*>(q_rows);
+uint32_t q_frag[KEY_MMA && !Q_FRAG_SHARED ? D / 16 : 1][QT][2];
 if constexpr (KEY_MMA) {
   auto q_at = [&](int row, int d) { return row < R ? q_t[d * R + row] : 0.0f; };
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
     for (int qt = 0; qt < QT; ++qt) {
+      uint32_t f[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int dd = 2 * key_pair(ks, half, frag_t), row = 8 * qt + frag_group;
-        q_frag[ks][qt][half] = pack_half2(q_at(row, dd), q_at(row, dd + 1));
+        f[half] = pack_half2(q_at(row, dd), q_at(row, dd + 1));
+      }
+      if constexpr (Q_FRAG_SHARED) {
+        q_frag_shared[(ks * QT + qt) * 32 + lane] = make_uint2(f[0], f[1]);
+      } else {
+        q_frag[ks][qt][0] = f[0], q_frag[ks][qt][1] = f[1];
       }
     }
   }
@@ -477,7 +489,12 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       auto mma_step = [&](int ks, const uint32_t (&a)[4]) {
 #pragma unroll
         for (int qt = 0; qt < QT; ++qt) {
-          mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, q_frag[ks][qt][0], q_frag[ks][qt][1]);
+          if constexpr (Q_FRAG_SHARED) {
+            const uint2 f = q_frag_shared[(ks * QT + qt) * 32 + lane];
+            mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, f.x, f.y);
+          } else {
+            mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, q_frag[ks][qt][0], q_frag[ks][qt][1]);
+          }
         }
       };
       if constexpr (KEY_WORD_PAIRS) {

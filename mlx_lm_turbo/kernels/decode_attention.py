@@ -251,8 +251,8 @@ WARPS_PER_SM = 16
 STAGE_BUFFERS = 0
 # The largest head dim whose values are summed on the tensor cores (else lane by lane).
 # At 256 a lane's accumulators take 64 registers: compile_kernels.py --loops then counts
-# about 2,300 instructions a 32-token tile against 3,700, but 66 of them spill
-# registers to local memory (15 lane by lane). Not measured on a GPU yet: 256 is for
+# about 2,100 instructions a 32-token tile against 3,700, 23 of them spilled registers'
+# local loads and stores (15 lane by lane). Not measured on a GPU yet: 256 is for
 # kernel_times.py --value-mma-max-dim until it is.
 VALUE_MMA_MAX_DIM = 128
 
