@@ -278,6 +278,17 @@ auto key_pair = [](int ks, int half, int t) {
 constexpr bool Q_FRAG_SHARED = KEY_MMA && VALUE_MMA && D > 128 && R >= 4 * QT;
 uint2* const q_frag_shared = reinterpret_cast<uint2*>(q_rows);
 uint32_t q_frag[KEY_MMA && !Q_FRAG_SHARED ? D / 16 : 1][QT][2];
+// This lane's fragment of k step ks and query tile qt, wherever it waits.
+auto q_frag_shared_at = [&](int ks, int qt) -> uint2& {
+  return q_frag_shared[(ks * QT + qt) * 32 + lane];
+};
+auto q_frag_of = [&](int ks, int qt) {
+  if constexpr (Q_FRAG_SHARED) {
+    return q_frag_shared_at(ks, qt);
+  } else {
+    return make_uint2(q_frag[ks][qt][0], q_frag[ks][qt][1]);
+  }
+};
 if constexpr (KEY_MMA) {
   auto q_at = [&](int row, int d) { return row < R ? q_t[d * R + row] : 0.0f; };
 #pragma unroll
@@ -291,7 +302,7 @@ if constexpr (KEY_MMA) {
         f[half] = pack_half2(q_at(row, dd), q_at(row, dd + 1));
       }
       if constexpr (Q_FRAG_SHARED) {
-        q_frag_shared[(ks * QT + qt) * 32 + lane] = make_uint2(f[0], f[1]);
+        q_frag_shared_at(ks, qt) = make_uint2(f[0], f[1]);
       } else {
         q_frag[ks][qt][0] = f[0], q_frag[ks][qt][1] = f[1];
       }
@@ -489,12 +500,8 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       auto mma_step = [&](int ks, const uint32_t (&a)[4]) {
 #pragma unroll
         for (int qt = 0; qt < QT; ++qt) {
-          if constexpr (Q_FRAG_SHARED) {
-            const uint2 f = q_frag_shared[(ks * QT + qt) * 32 + lane];
-            mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, f.x, f.y);
-          } else {
-            mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, q_frag[ks][qt][0], q_frag[ks][qt][1]);
-          }
+          const uint2 b = q_frag_of(ks, qt);
+          mma_16816(ks % 2 ? c_odd[qt] : c[qt], a, b.x, b.y);
         }
       };
       if constexpr (KEY_WORD_PAIRS) {
