@@ -9,7 +9,7 @@ within one table.
         [--warps-per-sm 20 --stage-buffers 1]  # the decode kernel's launch shape
         [--max-slices 64]  # the most slices a KV head's cache is cut into
         [--target-blocks 1024]  # the blocks a launch aims at (slices x groups)
-        [--value-mma-max-dim 256]  # values on the tensor cores up to this head dim
+        [--value-mma-max-dim 128]  # values on the tensor cores up to this head dim
 """
 
 import argparse

@@ -7,7 +7,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
     python scripts/compile_kernels.py --variants 72 --loops  # instructions per MMA loop
     python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
-    python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 256
+    python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 128
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and

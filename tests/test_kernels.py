@@ -351,30 +351,32 @@ def test_head_dims_and_dtypes(monkeypatch, scheme, dtype, D):
 
 
 @pytest.fixture
-def values_on_the_tensor_cores_at_256(monkeypatch):
-    """The value sum on the tensor cores at head dim 256 too (VALUE_MMA_MAX_DIM, a
-    sweep's setting); the kernels built with it are dropped after the test."""
+def values_max_dim(request, monkeypatch):
+    """VALUE_MMA_MAX_DIM set to the test's parameter (at 128 values at head dim 256 are
+    summed lane by lane: the sweep's other setting); its kernels are dropped after."""
     from mlx_lm_turbo.kernels import decode_attention
 
-    monkeypatch.setattr(decode_attention, "VALUE_MMA_MAX_DIM", 256)
+    monkeypatch.setattr(decode_attention, "VALUE_MMA_MAX_DIM", request.param)
     forget_kernels()
     yield
     forget_kernels()
 
 
-@pytest.mark.usefixtures("cuda_kernels", "values_on_the_tensor_cores_at_256")
+@pytest.mark.usefixtures("cuda_kernels", "values_max_dim")
 @pytest.mark.parametrize(
-    "scheme, dtype, L",
-    # 4-, 3- and 2-bit values (lane shuffles, lane pairs of 3-bit codes, a pair
-    # table); 8 query rows a block at L 2
+    "scheme, dtype, L, values_max_dim",
+    # 4-, 3- and 2-bit values on the tensor cores (lane shuffles, lane pairs of 3-bit
+    # codes, a pair table; 8 query rows a block at L 2), then lane by lane
     [
-        ("turbo4", mx.float16, 1),
-        ("turbo3", mx.bfloat16, 1),
-        ("turbo2", mx.float16, 2),
-        ("turbo4v2", mx.bfloat16, 2),
+        ("turbo4", mx.float16, 1, 256),
+        ("turbo3", mx.bfloat16, 1, 256),
+        ("turbo2", mx.float16, 2, 256),
+        ("turbo4v2", mx.bfloat16, 2, 256),
+        ("turbo4", mx.float16, 2, 128),
     ],
+    indirect=["values_max_dim"],
 )
-def test_values_on_the_tensor_cores_at_head_dim_256(monkeypatch, scheme, dtype, L):
+def test_values_at_head_dim_256(monkeypatch, scheme, dtype, L):
     cache = filled_cache(TurboQuantKVCache(scheme), 777, 2, 256, dtype)
     q, view, mask = step_inputs(cache, L, 2, 4, 256, dtype)
     check(monkeypatch, q, view, mask)

@@ -250,11 +250,13 @@ WARPS_PER_SM = 16
 # 2 forces it, for decode_kernel_sweep.py (with one, more blocks fit an SM).
 STAGE_BUFFERS = 0
 # The largest head dim whose values are summed on the tensor cores (else lane by lane).
-# At 256 a lane's accumulators take 64 registers: compile_kernels.py --loops then counts
-# about 2,100 instructions a 32-token tile against 3,700, 23 of them spilled registers'
-# local loads and stores (15 lane by lane). Not measured on a GPU yet: 256 is for
-# kernel_times.py --value-mma-max-dim until it is.
-VALUE_MMA_MAX_DIM = 128
+# At 256 a lane's accumulators take 64 registers: compile_kernels.py --loops counts about
+# 2,100 instructions a 32-token tile against 3,700 lane by lane, though 23 of them are
+# spilled registers' local loads and stores (15 lane by lane); on the H200 at Gemma 3's
+# shape turbo4's kernel took 69.1-69.5 us at 128K against 73.9-74.3 at 128, turbo2's
+# 62.6 against 66.7, turbo3's and 32K's the same
+# (benchmarks/results/decode_stack_h200_0f6aa88.md).
+VALUE_MMA_MAX_DIM = 256
 
 
 def kernel_header(warps):
