@@ -141,22 +141,6 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The levels of a pair of BITS-bit codes (pair = lo | hi << BITS) as one f16x2 register,
-// lo's in the low half: an entry of the kernels' level-pair tables.
-template <int BITS>
-__device__ __forceinline__ uint32_t pair_levels(const float* levels, int pair) {
-  return pack_half2(levels[pair & ((1 << BITS) - 1)], levels[pair >> BITS]);
-}
-
-// A table of every pair of BITS-bit codes' levels, each entry held COPIES times side by
-// side (entry e's copies at COPIES * e ..), filled by a block's threads.
-template <int BITS, int COPIES>
-__device__ __forceinline__ void fill_level_pairs(uint32_t* table, const float* levels) {
-  for (int j = threadIdx.x; j < COPIES << (2 * BITS); j += blockDim.x) {
-    table[j] = pair_levels<BITS>(levels, j / COPIES);
-  }
-}
-
 // A codebook held one level a lane for warp shuffles: lane i's level i mod 2^BITS in both
 // halves. A shuffle reads only bits 0-4 of its source lane, so a code shifted to bit 0
 // indexes its level with no mask (the bits above it pick a copy of the same level).
@@ -173,6 +157,27 @@ __device__ __forceinline__ uint32_t shuffled_levels(uint32_t lane_level, uint32_
   const uint32_t lo = __shfl_sync(FULL_MASK, lane_level, lo_code);
   const uint32_t hi = __shfl_sync(FULL_MASK, lane_level, hi_code);
   return __byte_perm(lo, hi, 0x5410);  // lo's low half, hi's high half
+}
+
+// A table of every pair of BITS-bit codes' levels (pair = lo | hi << BITS, lo's level in
+// the low half), each entry held COPIES times side by side (entry e's copies at
+// COPIES * e ..), filled by a block's threads from the levels their lanes hold: shuffles,
+// where a global load of both levels an entry made the 4-bit table's fill a quarter of a
+// short launch's instructions, each waiting on its loads
+// (benchmarks/results/decode_stack_h200_0f6aa88.md). Every lane of a warp takes each
+// pass, as the shuffles need.
+template <int BITS, int COPIES>
+__device__ __forceinline__ void fill_level_pairs(uint32_t* table, const float* levels) {
+  static_assert(BITS <= 5, "a warp's lanes hold at most 32 levels");
+  constexpr int ENTRIES = COPIES << (2 * BITS);
+  const uint32_t level = lane_level<BITS>(levels, threadIdx.x % 32);
+#pragma unroll 4
+  for (int first = 0; first < ENTRIES; first += blockDim.x) {
+    const int j = first + threadIdx.x;
+    const int pair = (j / COPIES) & ((1 << (2 * BITS)) - 1);
+    const uint32_t entry = shuffled_levels(level, pair & ((1 << BITS) - 1), pair >> BITS);
+    if (j < ENTRIES) table[j] = entry;
+  }
 }
 
 // N consecutive floats of shared memory in as few loads as their alignment allows
