@@ -873,8 +873,13 @@ if constexpr (RAW_TAIL && KB > 0) {
 if (HAS_EXACT && split == n_splits) {
   float acc[R][DPL] = {};
   const int n_items = n_sinks + n_exact;
-  for (int first = warp * 32; first < n_items; first += THREADS) {
-    attend_tile(Int<1>{}, first, n_items, nullptr, acc);
+  // The items spread over every warp, up to 32 a tile: a lane reads its item's key row
+  // and then each item's values from global memory, so one warp taking the default
+  // window's 32 items alone (16 sinks, 16 exact) kept the launch waiting on this block
+  // (benchmarks/results/decode_stack_h200_0f6aa88.md: its other warps' barrier stalls).
+  const int tile = min(32, (n_items + NW - 1) / NW);
+  for (int first = warp * tile; first < n_items; first += NW * tile) {
+    attend_tile(Int<1>{}, first, min(first + tile, n_items), nullptr, acc);
   }
   store_rows(Int<0>{}, acc);
 } else {
