@@ -202,31 +202,13 @@ __device__ __forceinline__ void load_floats(const float* p, float (&out)[N]) {
   }
 }
 
-// In-place unnormalised Walsh-Hadamard transform (Sylvester order, as
-// mx.hadamard_transform) of `rows` vectors of length D in shared memory.
+// The unnormalised Walsh-Hadamard transform (Sylvester order, as
+// mx.hadamard_transform) of one vector spread over a warp, lane j holding dims
+// [j * D / 32, (j + 1) * D / 32): butterflies inside the lane, then across lanes (no
+// block barriers; a row in shared memory took one a stride).
 template <int D>
-__device__ __forceinline__ void hadamard_rows(float* x, int rows) {
-  for (int h = 1; h < D; h <<= 1) {
-    for (int p = threadIdx.x; p < rows * (D / 2); p += blockDim.x) {
-      const int r = p / (D / 2), k = p % (D / 2);
-      const int i = r * D + (k / h) * 2 * h + (k % h);
-      const float a = x[i], b = x[i + h];
-      x[i] = a + b;
-      x[i + h] = a - b;
-    }
-    __syncthreads();
-  }
-}
-
-// One vector spread over a warp, lane j holding dims [j * D / 32, (j + 1) * D / 32):
-// x <- H (signs * x) / sqrt(D), butterflies inside the lane, then across lanes. Shared
-// by encode.cu and the decode kernel's own encoding of a new token, so both give the
-// same bits.
-template <int D>
-__device__ __forceinline__ void rotate_warp(float (&x)[D / 32], const float* signs, int lane) {
+__device__ __forceinline__ void hadamard_warp(float (&x)[D / 32], int lane) {
   constexpr int DPL = D / 32;
-#pragma unroll
-  for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
 #pragma unroll
   for (int s = 1; s < DPL; s <<= 1) {
 #pragma unroll
@@ -246,6 +228,17 @@ __device__ __forceinline__ void rotate_warp(float (&x)[D / 32], const float* sig
       x[k] = (lane & s) ? other - x[k] : x[k] + other;
     }
   }
+}
+
+// One vector spread over a warp, as hadamard_warp: x <- H (signs * x) / sqrt(D).
+// Shared by encode.cu and the decode kernel's own encoding of a new token, so both give
+// the same bits.
+template <int D>
+__device__ __forceinline__ void rotate_warp(float (&x)[D / 32], const float* signs, int lane) {
+  constexpr int DPL = D / 32;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] *= signs[lane * DPL + k];
+  hadamard_warp<D>(x, lane);
 #pragma unroll
   for (int k = 0; k < DPL; ++k) x[k] *= rsqrtf(float(D));
 }

@@ -164,7 +164,7 @@ const T* recent_rows =
     reinterpret_cast<const T*>(recent + b * recent_strides[0] + h * recent_strides[1] + TAIL_FROM);
 const int64_t tail_words = TAIL_FROM + int64_t(n_recent) * D * sizeof(T);
 
-__shared__ __align__(16) float q_rows[R * D];  // [r][d] while being rotated
+__shared__ __align__(16) float q_rows[R * D];  // [r][d]: the merged rows; the query fragments past D 128
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
@@ -199,19 +199,27 @@ const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pai
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
-// -- the query rows: key calibration scale, rotation, softmax scale, log2(e)
-for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
-  const int r = idx / D, d = idx % D, row = rg * R + r;
-  float x = 0.0f;
-  if (row < ROWS) {
-    const int hq = h * G + row / L, i = row % L;
-    x = to_float(q[b * q_strides[0] + hq * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
-    if constexpr (HAS_KSCALE) {
-      x *= kscale[b * kscale_strides[0] + h * kscale_strides[1] + d * kscale_strides[2]];
+// -- the query rows: key calibration scale, rotation, softmax scale, log2(e); a warp
+// takes a row whole, so the rotation needs no block barrier
+const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
+for (int r = warp; r < R; r += NW) {
+  const int row = rg * R + r, hq = h * G + row / L, i = row % L;
+  float x[DPL];
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) {
+    const int d = lane * DPL + k;
+    x[k] = 0.0f;
+    if (row < ROWS) {
+      x[k] = to_float(q[b * q_strides[0] + hq * q_strides[1] + i * q_strides[2] + d * q_strides[3]]);
+      if constexpr (HAS_KSCALE) {
+        x[k] *= kscale[b * kscale_strides[0] + h * kscale_strides[1] + d * kscale_strides[2]];
+      }
+      if constexpr (KB > 0) x[k] *= k_signs[d];
     }
-    if constexpr (KB > 0) x *= k_signs[d];
   }
-  q_rows[idx] = x;
+  if constexpr (KB > 0) hadamard_warp<D>(x, lane);
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) q_t[(lane * DPL + k) * R + r] = x[k] * q_scale;
 }
 if constexpr (KB > 0) {
   for (int j = threadIdx.x; j < (1 << KB); j += THREADS) k_levels[j] = k_levels_in[j];
@@ -251,12 +259,6 @@ auto lane_pair3 = [&](uint32_t w, int k) {
 };
 if constexpr (KEY_SHUFFLES) k_lane = lane_level<KB>(k_levels_in, lane);
 if constexpr (KEY_PAIR_TABLE) fill_level_pairs<KB, 1>(k_pairs, k_levels_in);
-__syncthreads();
-if constexpr (KB > 0) hadamard_rows<D>(q_rows, R);
-const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
-for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
-  q_t[(idx % D) * R + idx / D] = q_rows[idx] * q_scale;
-}
 __syncthreads();
 // KEY_MMA: this lane's parts of the query rows as B fragments, one per 16 dims and 8
 // rows (QT of them: rows 8 .. 15 only where R > 8, head dim 64).
@@ -1039,12 +1041,20 @@ const int64_t final_first = int64_t(blockIdx.y) * final_n;
 weigh(final_stats, final_first, final_n, true);
 sum_parts(final_parts, final_first, final_n, q_rows, true);  // the query rows' memory, free now
 __syncthreads();
-hadamard_rows<D>(q_rows, R);
+// back out of the value rotation, a warp a row
 const float unit = rsqrtf(float(D));
-for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
-  const int r = idx / D, d = idx % D, row = rg * R + r;
-  if (row >= ROWS) continue;
+for (int r = warp; r < R; r += NW) {
+  const int row = rg * R + r;
+  if (row >= ROWS) break;
   const int hq = h * G + row / L, i = row % L;
-  out[((int64_t(b) * (n_kv_heads * G) + hq) * L + i) * D + d] =
-      from_float<T>(q_rows[idx] * unit * v_signs[d]);
+  float x[DPL];
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) x[k] = q_rows[r * D + lane * DPL + k];
+  hadamard_warp<D>(x, lane);
+  T* const out_row = out + ((int64_t(b) * (n_kv_heads * G) + hq) * L + i) * D;
+#pragma unroll
+  for (int k = 0; k < DPL; ++k) {
+    const int d = lane * DPL + k;
+    out_row[d] = from_float<T>(x[k] * unit * v_signs[d]);
+  }
 }
