@@ -1,6 +1,8 @@
 // CUDA's device vocabulary over gpu_on_cpu.h's runtime: this project's CUDA kernels,
 // built by g++, run on a CPU (gpu_on_cpu.py).
 #pragma once
+#include <chrono>
+
 #include "gpu_on_cpu.h"
 
 #define __device__
@@ -163,5 +165,12 @@ inline void cp_async16(void* shared, const void* global) { std::memcpy(shared, g
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
+
+inline uint32_t sm_index() { return 0; }
+inline uint64_t global_time_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace turbo

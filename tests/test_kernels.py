@@ -588,6 +588,49 @@ def test_one_kv_head_in_many_slices_merges_them_by_chunks(
 
 
 @pytest.mark.usefixtures("cuda_kernels")
+def test_each_block_records_its_phases_where_asked(monkeypatch):
+    # benchmarks/block_phases.py reads these records to find what holds a launch: each
+    # block's phases in order, the exact block, one merger a chunk and one a group, and
+    # the output as without them. Two groups of 16 slices and the exact part.
+    from mlx_lm_turbo.kernels import decode_attention
+
+    monkeypatch.setattr(decode_attention, "MIN_SLICE_TOKENS", 32)
+    monkeypatch.setattr(decode_attention, "PHASE_TIMES", True)
+    launch = decode_attention._Plan.launch
+    grids = []
+
+    def counted(plan, n_tokens):
+        settings = launch(plan, n_tokens)
+        grids.append(settings["grid"])
+        return settings
+
+    monkeypatch.setattr(decode_attention._Plan, "launch", counted)
+    forget_kernels()  # none built without the records
+    try:
+        cache = filled_cache(TurboQuantKVCache("turbo4"), 500, 2, 64, mx.float16)
+        q, view, mask = step_inputs(cache, 1, 2, 3, 64, mx.float16)
+        check(monkeypatch, q, view, mask)
+        n_parts, groups = grids[-1][0] // (32 * decode_attention.WARPS), grids[-1][1]
+        words = decode_attention.PHASE_WORDS
+        workspace = decode_attention._workspace(mx.float16).array.reshape(-1)
+        records = workspace[-n_parts * groups * words :].reshape(groups, n_parts, words)
+        records = records.tolist()
+    finally:
+        forget_kernels()  # nor kept for later tests
+    assert (n_parts, groups) == (17, 2)
+    for group in records:
+        roles = [r[3] for r in group]
+        assert [role & 1 for role in roles] == [0] * 16 + [1]  # the exact block last
+        assert sum(role >> 1 & 1 for role in roles) == 2  # a merger a chunk
+        assert sum(role >> 2 & 1 for role in roles) == 1  # and the group's
+        for record, role in zip(group, roles):
+            prologue, tokens, part, chunk, end = record[4:9]
+            assert 0 <= prologue <= tokens <= part <= end and end > 0
+            assert (chunk > 0) == bool(role & 2)
+            assert not chunk or part <= chunk <= end
+
+
+@pytest.mark.usefixtures("cuda_kernels")
 def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
     monkeypatch,
 ):

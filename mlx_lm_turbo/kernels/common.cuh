@@ -80,6 +80,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// This block's SM and the GPU's nanosecond clock, one for all SMs (PHASE_TIMES).
+__device__ __forceinline__ uint32_t sm_index() {
+  uint32_t i;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(i));
+  return i;
+}
+__device__ __forceinline__ uint64_t global_time_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 #endif  // TURBO_PTX_EMULATED
 
 __device__ __forceinline__ float warp_sum(float x) {

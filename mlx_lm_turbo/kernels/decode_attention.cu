@@ -158,6 +158,27 @@ const int n_kv_heads = rows_shape[1];
 const int rg = blockIdx.y % NRG, h = (blockIdx.y / NRG) % n_kv_heads;
 const int b = blockIdx.y / (NRG * n_kv_heads);
 const int split = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// PHASE_TIMES (benchmarks/block_phases.py): each block's record of PHASE_WORDS words at
+// the workspace's end, in block order: its start on the GPU's clock (ns, low and high
+// word), its SM, its role (1: the exact block; 2: a chunk's merger; 4: the group's),
+// then the ns from its start to the end of its prologue, of its tokens, of writing its
+// part, of merging its chunk, and to its end, as thread 0 reaches them (0: no such
+// phase).
+uint32_t* const phase_record =
+    const_cast<uint32_t*>(workspace) + int64_t(workspace_shape[0]) * workspace_shape[1] -
+    (int64_t(gridDim.y - blockIdx.y) * gridDim.x - blockIdx.x) * PHASE_WORDS;
+const uint64_t phase_start = PHASE_TIMES ? global_time_ns() : 0;
+auto phase = [&](int slot, uint32_t role) {
+  if (PHASE_TIMES && threadIdx.x == 0) {
+    phase_record[slot] = uint32_t(global_time_ns() - phase_start);
+    phase_record[3] |= role;
+  }
+};
+if (PHASE_TIMES && threadIdx.x == 0) {
+  phase_record[0] = uint32_t(phase_start), phase_record[1] = uint32_t(phase_start >> 32);
+  phase_record[2] = sm_index(), phase_record[3] = HAS_EXACT && split == n_splits;
+  for (int i = 4; i < PHASE_WORDS; ++i) phase_record[i] = 0u;
+}
 const int first_query = n_tokens - L;  // position of query row i is first_query + i
 // This head's recent rows.
 const T* recent_rows =
@@ -311,6 +332,8 @@ if constexpr (KEY_MMA) {
     }
   }
 }
+
+phase(4, 0);  // the prologue
 
 // The sink positions of this row, once per block: usually one run of consecutive
 // positions (a sequence's first tokens), checked by a range instead of a scan.
@@ -906,6 +929,8 @@ if (HAS_EXACT && split == n_splits) {
   store_rows(Int<VALUE_MMA>{}, acc);
 }
 
+phase(5, 0);  // the tokens
+
 // -- merge the warps; one partial output per (row, dim), unnormalised
 #pragma unroll
 for (int r = 0; r < R; ++r) {
@@ -952,6 +977,7 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 // needs that many slices to fill the GPU (benchmarks/results/
 // slices_gemma_shape_h100_e043dcd.md). Counters: the groups' in the workspace's first
 // gridDim.y words, then one per (chunk, group); each is zero on entry and left zero.
+phase(6, 0);  // the part
 const int n_chunks = (n_parts + MERGE_CHUNK - 1) / MERGE_CHUNK;
 // (16-byte aligned for their float4 reads: the stats before them may end mid-way)
 float* chunk_parts = stats + (int64_t(gridDim.y) * n_parts * R * 2 + 3) / 4 * 4;
@@ -1026,7 +1052,10 @@ int final_n = n_parts;
 if (n_chunks > 1) {
   const int chunk = split / MERGE_CHUNK, first = chunk * MERGE_CHUNK;
   const int n = min(MERGE_CHUNK, n_parts - first);
-  if (!last_of(shared_words + int64_t(gridDim.y) * (1 + chunk) + blockIdx.y, n)) return;
+  if (!last_of(shared_words + int64_t(gridDim.y) * (1 + chunk) + blockIdx.y, n)) {
+    phase(8, 0);
+    return;
+  }
   weigh(stats, group_parts + first, n, false);
   const int64_t at = int64_t(blockIdx.y) * n_chunks + chunk;
   sum_parts(parts, group_parts + first, n, chunk_parts + at * R * D, false);
@@ -1034,9 +1063,13 @@ if (n_chunks > 1) {
     chunk_stats[(at * R + r) * 2] = row_m[r];
     chunk_stats[(at * R + r) * 2 + 1] = row_l[r];
   }
+  phase(7, 2);  // the chunk's merge
   final_parts = chunk_parts, final_stats = chunk_stats, final_n = n_chunks;
 }
-if (!last_of(shared_words + blockIdx.y, final_n)) return;
+if (!last_of(shared_words + blockIdx.y, final_n)) {
+  phase(8, 0);
+  return;
+}
 const int64_t final_first = int64_t(blockIdx.y) * final_n;
 weigh(final_stats, final_first, final_n, true);
 sum_parts(final_parts, final_first, final_n, q_rows, true);  // the query rows' memory, free now
@@ -1058,3 +1091,4 @@ for (int r = warp; r < R; r += NW) {
     out_row[d] = from_float<T>(x[k] * unit * v_signs[d]);
   }
 }
+phase(8, 4);  // the group's merge

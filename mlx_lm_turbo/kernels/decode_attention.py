@@ -257,6 +257,10 @@ STAGE_BUFFERS = 0
 # 62.6 against 66.7, turbo3's and 32K's the same
 # (benchmarks/results/decode_stack_h200_0f6aa88.md).
 VALUE_MMA_MAX_DIM = 256
+# Whether each block records its phases' times at the workspace's end, PHASE_WORDS
+# words a block (benchmarks/block_phases.py; decode_attention.cu says what they hold).
+PHASE_TIMES = False
+PHASE_WORDS = 16
 
 
 def kernel_header(warps):
@@ -272,6 +276,8 @@ def kernel_header(warps):
         f"constexpr int STAGE_BUFFERS = {STAGE_BUFFERS};\n"
         f"constexpr int MERGE_CHUNK = {MERGE_CHUNK};\n"
         f"constexpr int VALUE_MMA_MAX_DIM = {VALUE_MMA_MAX_DIM};\n"
+        f"constexpr bool PHASE_TIMES = {str(PHASE_TIMES).lower()};\n"
+        f"constexpr int PHASE_WORDS = {PHASE_WORDS};\n"
     )
 
 
@@ -538,6 +544,8 @@ class _Plan:
         chunks = -(-most_parts // MERGE_CHUNK) if most_parts > MERGE_CHUNK else 0
         self.counters = self.groups * (1 + chunks)
         self.part_words = self.groups * (most_parts + chunks) * self.part_floats + 3
+        if PHASE_TIMES:  # the blocks' records, after everything else
+            self.part_words += self.groups * most_parts * PHASE_WORDS
         if "kscale" in self.at:
             self.inputs[self.at["kscale"]] = broadcast_rows(codec.key_scale, B)
         if "kmean" in self.at:
