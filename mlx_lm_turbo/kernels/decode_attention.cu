@@ -968,6 +968,8 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
   }
 }
 
+phase(6, 0);  // the part
+
 // -- the group's last block merges the slices (threadFenceReduction's pattern:
 // publish, count, and read the others' results from L2, past this SM's L1). Where a
 // group has more than MERGE_CHUNK parts, the last block of each chunk of MERGE_CHUNK
@@ -977,7 +979,6 @@ for (int idx = threadIdx.x; idx < R * D; idx += THREADS) {
 // needs that many slices to fill the GPU (benchmarks/results/
 // slices_gemma_shape_h100_e043dcd.md). Counters: the groups' in the workspace's first
 // gridDim.y words, then one per (chunk, group); each is zero on entry and left zero.
-phase(6, 0);  // the part
 const int n_chunks = (n_parts + MERGE_CHUNK - 1) / MERGE_CHUNK;
 // (16-byte aligned for their float4 reads: the stats before them may end mid-way)
 float* chunk_parts = stats + (int64_t(gridDim.y) * n_parts * R * 2 + 3) / 4 * 4;
