@@ -220,6 +220,45 @@ const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pai
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
+// This head's packed rows.
+const uint32_t* head_rows = rows + b * rows_strides[0] + h * rows_strides[1];
+const int64_t row_stride = rows_strides[2];
+// A tile's rows go into `stage` as one contiguous copy where the rows are packed and
+// 16-byte aligned (asynchronous, 16 bytes a lane at a time), else word by word.
+const bool packed_rows = row_stride == RW && (reinterpret_cast<uintptr_t>(head_rows) & 15) == 0;
+auto stage_tile = [&](uint32_t* stage, int first, int end) {
+  const int n_items = min(32, end - first);
+  const uint32_t* src = head_rows + int64_t(first) * row_stride;
+  if (STAGE_STRIDE == RW && packed_rows && n_items == 32) {
+    // a whole tile: a count known here, so each copy's offsets are immediates (the
+    // general loop below cost some 140 instructions a tile)
+    constexpr int TILE_COPIES = 32 * RW / 4;  // 16-byte copies
+    const uint32_t* from = src + 4 * lane;
+    uint32_t* to = stage + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < (TILE_COPIES + 31) / 32; ++i) {
+      if (TILE_COPIES % 32 == 0 || lane + 32 * i < TILE_COPIES) cp_async16(to + 128 * i, from + 128 * i);
+    }
+  } else if (STAGE_STRIDE == RW && packed_rows) {
+    const int n_words = n_items * RW, n_vec = n_words / 4;
+    for (int v = lane; v < n_vec; v += 32) cp_async16(stage + 4 * v, src + 4 * v);
+    for (int w = 4 * n_vec + lane; w < n_words; w += 32) stage[w] = src[w];
+  } else {
+    for (int idx = lane; idx < n_items * STAGE_STRIDE; idx += 32) {
+      stage[idx] = src[int64_t(idx / STAGE_STRIDE) * row_stride + STAGE_FROM + idx % STAGE_STRIDE];
+    }
+  }
+  cp_async_commit();
+};
+// A slice's block sends each warp's first tile now, so that its copy runs under the
+// prologue's reads and barrier. A raw tail's row is not stored yet: its slot in `rows`
+// is read by no one.
+const int n_stored = RAW_TAIL ? n_tokens - L : n_tokens;
+const int slice_start = split * split_len, slice_end = min(n_stored, slice_start + split_len);
+if (!(HAS_EXACT && split == n_splits) && slice_start + warp * 32 < slice_end) {
+  stage_tile(stage_buffer(0), slice_start + warp * 32, slice_end);
+}
+
 // -- the query rows: key calibration scale, rotation, softmax scale, log2(e); a warp
 // takes a row whole, so the rotation needs no block barrier
 const float q_scale = scale[0] * LOG2E * (KB > 0 ? rsqrtf(float(D)) : 1.0f);
@@ -410,8 +449,6 @@ auto exact_row = [&](int item, int part, auto* sink_arr, const auto& sink_stride
 
 const T* k_exact = keys;  // turbo0vN: keys as the model made them
 const int64_t k_base = b * keys_strides[0] + h * keys_strides[1];
-const uint32_t* head_rows = rows + b * rows_strides[0] + h * rows_strides[1];
-const int64_t row_stride = rows_strides[2];
 // A norms word: the key norm in its low half, the value norm in its high half.
 auto norm_of = [](uint32_t word, int half) {
   return __half2float(__ushort_as_half((unsigned short)(word >> (16 * half))));
@@ -423,33 +460,6 @@ for (int r = 0; r < R; ++r) {
   m[r] = -INFINITY;
   l_lane[r] = 0.0f;
 }
-// A tile's rows go into `stage` as one contiguous copy where the rows are packed and
-// 16-byte aligned (asynchronous, 16 bytes a lane at a time), else word by word.
-const bool packed_rows = row_stride == RW && (reinterpret_cast<uintptr_t>(head_rows) & 15) == 0;
-auto stage_tile = [&](uint32_t* stage, int first, int end) {
-  const int n_items = min(32, end - first);
-  const uint32_t* src = head_rows + int64_t(first) * row_stride;
-  if (STAGE_STRIDE == RW && packed_rows && n_items == 32) {
-    // a whole tile: a count known here, so each copy's offsets are immediates (the
-    // general loop below cost some 140 instructions a tile)
-    constexpr int TILE_COPIES = 32 * RW / 4;  // 16-byte copies
-    const uint32_t* from = src + 4 * lane;
-    uint32_t* to = stage + 4 * lane;
-#pragma unroll
-    for (int i = 0; i < (TILE_COPIES + 31) / 32; ++i) {
-      if (TILE_COPIES % 32 == 0 || lane + 32 * i < TILE_COPIES) cp_async16(to + 128 * i, from + 128 * i);
-    }
-  } else if (STAGE_STRIDE == RW && packed_rows) {
-    const int n_words = n_items * RW, n_vec = n_words / 4;
-    for (int v = lane; v < n_vec; v += 32) cp_async16(stage + 4 * v, src + 4 * v);
-    for (int w = 4 * n_vec + lane; w < n_words; w += 32) stage[w] = src[w];
-  } else {
-    for (int idx = lane; idx < n_items * STAGE_STRIDE; idx += 32) {
-      stage[idx] = src[int64_t(idx / STAGE_STRIDE) * row_stride + STAGE_FROM + idx % STAGE_STRIDE];
-    }
-  }
-  cp_async_commit();
-};
 // VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out.
 auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
   if constexpr (VGW > 0) {
@@ -909,11 +919,8 @@ if (HAS_EXACT && split == n_splits) {
   store_rows(Int<0>{}, acc);
 } else {
   float acc[VALUE_MMA ? D / 16 : R][VALUE_MMA ? 4 : DPL] = {};
-  // a raw tail's row is not stored yet: its slot in `rows` is read by no one
-  const int n_stored = RAW_TAIL ? n_tokens - L : n_tokens;
-  const int start = split * split_len, end = min(n_stored, start + split_len);
-  int first = start + warp * 32;
-  if (first < end) stage_tile(stage_buffer(0), first, end);
+  const int end = slice_end;
+  int first = slice_start + warp * 32;  // its tile staged before the prologue
   for (int k = 0; first < end; ++k, first += THREADS) {
     const int next = first + THREADS;
     if (NBUF == 2 && next < end) {
