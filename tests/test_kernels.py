@@ -560,6 +560,7 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
         (3, 64, 470, 16),  # one chunk's worth: merged in one step
         (3, 64, 500, 17),  # a full chunk and one of a part
         (4, 256, 990, 32),  # full chunks only
+        (3, 64, 16400, 513),  # the most slices: 33 chunks, more than a warp's lanes
     ],
 )
 def test_one_kv_head_in_many_slices_merges_them_by_chunks(

@@ -1008,14 +1008,18 @@ auto last_of = [&](unsigned int* counter, int count) {
 float* part_weight = reinterpret_cast<float*>(scratch);  // [part][row]
 __shared__ float row_m[R], row_l[R];
 // The n parts from `first` ((max, sum) rows at src_stats): each row's weights, max and
-// sum; the group's final merge adds the attention-sink logit.
+// sum; the group's final merge adds the attention-sink logit. A lane reads its first
+// part's (max, sum) once, as one 8-byte load: where n <= 32 (a chunk, and the chunks
+// of up to 512 slices) the merge waits on L2 once here, not twice.
 auto weigh = [&](const float* src_stats, int64_t first, int n, bool final) {
+  auto stats_of = [&](int p, int r) {
+    return __ldcg(reinterpret_cast<const float2*>(src_stats + ((first + p) * R + r) * 2));
+  };
   for (int r = warp; r < R; r += NW) {
     const int row = rg * R + r, hq = h * G + row / L, i = row % L;
-    float M = -INFINITY;
-    for (int p = lane; p < n; p += 32) {
-      M = fmaxf(M, __ldcg(src_stats + ((first + p) * R + r) * 2));
-    }
+    const float2 own = lane < n ? stats_of(lane, r) : make_float2(-INFINITY, 0.0f);
+    float M = own.x;
+    for (int p = lane + 32; p < n; p += 32) M = fmaxf(M, stats_of(p, r).x);
     M = warp_max(M);
     float sink = -INFINITY;
     if constexpr (HAS_SINKS) {
@@ -1026,10 +1030,10 @@ auto weigh = [&](const float* src_stats, int64_t first, int n, bool final) {
     }
     float l = 0.0f;
     for (int p = lane; p < n; p += 32) {
-      const int64_t at = ((first + p) * R + r) * 2;
-      const float w = M == -INFINITY ? 0.0f : exp2_or_zero(__ldcg(src_stats + at) - M);
+      const float2 part = p == lane ? own : stats_of(p, r);
+      const float w = M == -INFINITY ? 0.0f : exp2_or_zero(part.x - M);
       part_weight[p * R + r] = w;
-      l += w * __ldcg(src_stats + at + 1);
+      l += w * part.y;
     }
     l = warp_sum(l) + (M == -INFINITY ? 0.0f : exp2_or_zero(sink - M));
     if (lane == 0) row_m[r] = M, row_l[r] = l;
