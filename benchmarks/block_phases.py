@@ -20,6 +20,10 @@ The records cost the kernel a few clock reads and stores of one thread a block.
 import argparse
 import statistics
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import filled_caches  # noqa: E402
 
 US = 1e-3  # the records are in ns
 
@@ -72,11 +76,9 @@ def measure(grids, cache_name, context, q_heads, kv_heads, head_dim, steps):
     from mlx_lm_turbo.kernels import decode_attention
 
     install_attention_dispatch()
-    caches = [TurboQuantKVCache(cache_name) for _ in range(8)]
-    kv = mx.random.normal((1, kv_heads, context, head_dim)).astype(mx.float16)
-    for c in caches:
-        c.update_and_fetch(kv, kv)
-        mx.eval([a for a in c.state if isinstance(a, mx.array)])
+    caches = filled_caches(
+        lambda: TurboQuantKVCache(cache_name), 8, context, kv_heads, head_dim
+    )
     token = mx.random.normal((1, kv_heads, 1, head_dim)).astype(mx.float16)
     query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(token, query)
