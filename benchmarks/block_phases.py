@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_attention import filled_caches  # noqa: E402
+from decode_attention import chained_step, filled_caches  # noqa: E402
 
 US = 1e-3  # the records are in ns
 
@@ -69,7 +69,6 @@ def record_grids(decode_attention):
 
 def measure(grids, cache_name, context, q_heads, kv_heads, head_dim, steps):
     import mlx.core as mx
-    import mlx_lm.models.base as mlx_base
 
     from mlx_lm_turbo import TurboQuantKVCache
     from mlx_lm_turbo.cache.attention import install_attention_dispatch
@@ -85,13 +84,7 @@ def measure(grids, cache_name, context, q_heads, kv_heads, head_dim, steps):
     words = decode_attention.PHASE_WORDS
     launches = []
     for step in range(4 + steps):  # 4 warm-up steps
-        x = query
-        for c in caches:
-            keys, values = c.update_and_fetch(token, token)
-            x = mlx_base.scaled_dot_product_attention(
-                x, keys, values, cache=c, scale=head_dim**-0.5, mask=None
-            )
-        mx.eval(x)
+        mx.eval(chained_step(caches, query, token, head_dim))
         if step < 4:
             continue
         n_parts = grids[-1][0] // (32 * decode_attention.WARPS)

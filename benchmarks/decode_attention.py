@@ -79,6 +79,22 @@ def filled_caches(make, layers, context, kv_heads, head_dim):
     return caches
 
 
+def chained_step(caches, query, token, head_dim):
+    """One decode step's graph over the layers' caches, chained as a model's layers
+    are (each layer's output the next one's query: one layer's K/V in flight at a
+    time)."""
+    x = query
+    for c in caches:
+        x = mlx_base.scaled_dot_product_attention(
+            x,
+            *c.update_and_fetch(token, token),
+            cache=c,
+            scale=head_dim**-0.5,
+            mask=None,
+        )
+    return x
+
+
 # What --prefill-blocks sets, in its order.
 PREFILL_SETTINGS = (
     "PREFILL_BLOCK_SCORES",
@@ -171,18 +187,7 @@ def decode_steps(caches, steps, q_heads, kv_heads, head_dim):
     mx.eval(tokens, query)
 
     def build(token):
-        x = query
-        for c in (
-            caches
-        ):  # chained, as a model's layers are: one layer's K/V in flight at a time
-            x = mlx_base.scaled_dot_product_attention(
-                x,
-                *c.update_and_fetch(token, token),
-                cache=c,
-                scale=head_dim**-0.5,
-                mask=None,
-            )
-        return x
+        return chained_step(caches, query, token, head_dim)
 
     idle = 0.0  # the host's idle waits, taken out of the step times
 

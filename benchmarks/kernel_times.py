@@ -36,7 +36,7 @@ def decode(
 ):
     """The measured process: fill 8 layers' caches, then run decode steps."""
     import mlx.core as mx
-    import mlx_lm.models.base as mlx_base
+    from decode_attention import chained_step  # benchmarks/decode_attention.py
     from mlx_lm.models.cache import KVCache
 
     from mlx_lm_turbo import TurboQuantKVCache
@@ -63,13 +63,7 @@ def decode(
     query = mx.random.normal((1, q_heads, 1, head_dim)).astype(mx.float16)
     mx.eval(token, query)
     for _ in range(STEPS):
-        x = query
-        for c in caches:
-            keys, values = c.update_and_fetch(token, token)
-            x = mlx_base.scaled_dot_product_attention(
-                x, keys, values, cache=c, scale=head_dim**-0.5, mask=None
-            )
-        mx.eval(x)
+        mx.eval(chained_step(caches, query, token, head_dim))
 
 
 def measure(name, context, heads, shape):
