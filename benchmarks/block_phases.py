@@ -28,18 +28,18 @@ from decode_attention import chained_step, filled_caches  # noqa: E402
 US = 1e-3  # the records are in ns
 
 
-def launch_phases(records, n_parts):
-    """One launch's summary from its blocks' records (lists of PHASE_WORDS ints,
-    group by group, part by part)."""
+def launch_phases(records):
+    """One launch's summary from its blocks' records (lists of PHASE_WORDS ints)."""
     starts = [r[0] | r[1] << 32 for r in records]
     first = min(starts)
+    blocks = list(zip(records, starts))
     at = lambda r, s, mark: s - first + r[mark]  # noqa: E731
-    slices = [(r, s) for i, (r, s) in enumerate(zip(records, starts)) if not r[3] & 1]
-    exact = [(r, s) for r, s in zip(records, starts) if r[3] & 1]
+    slices = [(r, s) for r, s in blocks if not r[3] & 1]
+    exact = [(r, s) for r, s in blocks if r[3] & 1]
     mergers = [r for r in records if r[3] & 2]
-    last_part = max(at(r, s, 6) for r, s in zip(records, starts))
+    span = max(at(r, s, 8) for r, s in blocks)
     return {
-        "span": max(at(r, s, 8) for r, s in zip(records, starts)),
+        "span": span,
         "last start": max(starts) - first,
         "prologue": statistics.median(r[4] for r, _ in slices),
         "tokens": statistics.median(r[5] - r[4] for r, _ in slices),
@@ -49,7 +49,7 @@ def launch_phases(records, n_parts):
         "chunk merge": statistics.median(r[7] - r[6] for r in mergers)
         if mergers
         else 0,
-        "group merge": max(at(r, s, 8) for r, s in zip(records, starts)) - last_part,
+        "group merge": span - max(at(r, s, 6) for r, s in blocks),
     }
 
 
@@ -87,11 +87,10 @@ def measure(grids, cache_name, context, q_heads, kv_heads, head_dim, steps):
         mx.eval(chained_step(caches, query, token, head_dim))
         if step < 4:
             continue
-        n_parts = grids[-1][0] // (32 * decode_attention.WARPS)
-        n_blocks = n_parts * grids[-1][1]
+        n_blocks = grids[-1][0] // (32 * decode_attention.WARPS) * grids[-1][1]
         workspace = decode_attention._workspace(mx.float16).array.reshape(-1)
         records = workspace[-n_blocks * words :].reshape(n_blocks, words).tolist()
-        launches.append(launch_phases(records, n_parts))
+        launches.append(launch_phases(records))
     return n_blocks, {k: statistics.median(p[k] for p in launches) for k in launches[0]}
 
 

@@ -551,6 +551,22 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     check(monkeypatch, q, view, mask)
 
 
+@pytest.fixture
+def launch_grids(monkeypatch):
+    """The grid of each fused launch from here on, in order."""
+    from mlx_lm_turbo.kernels import decode_attention
+
+    launch, grids = decode_attention._Plan.launch, []
+
+    def recorded(plan, n_tokens):
+        settings = launch(plan, n_tokens)
+        grids.append(settings["grid"])
+        return settings
+
+    monkeypatch.setattr(decode_attention._Plan, "launch", recorded)
+    return grids
+
+
 @pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize(
     "G, D, n_tokens, n_parts",
@@ -564,7 +580,7 @@ def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
     ],
 )
 def test_one_kv_head_in_many_slices_merges_them_by_chunks(
-    monkeypatch, G, D, n_tokens, n_parts
+    monkeypatch, launch_grids, G, D, n_tokens, n_parts
 ):
     # One KV head (Gemma 3's at head dim 256) is cut into up to MAX_SLICES slices to
     # fill the GPU, and a group of more parts than MERGE_CHUNK merges them by chunks,
@@ -573,23 +589,15 @@ def test_one_kv_head_in_many_slices_merges_them_by_chunks(
     from mlx_lm_turbo.kernels import decode_attention
 
     monkeypatch.setattr(decode_attention, "MIN_SLICE_TOKENS", 32)
-    launch = decode_attention._Plan.launch
-    parts = []
-
-    def counted(plan, n_tokens):
-        settings = launch(plan, n_tokens)
-        parts.append(settings["grid"][0] // (32 * decode_attention.WARPS))
-        return settings
-
-    monkeypatch.setattr(decode_attention._Plan, "launch", counted)
     cache = filled_cache(TurboQuantKVCache("turbo4"), n_tokens, 1, D, mx.float16)
     q, view, mask = step_inputs(cache, 1, 1, G, D, mx.float16)
     check(monkeypatch, q, view, mask)
+    parts = [grid[0] // (32 * decode_attention.WARPS) for grid in launch_grids]
     assert parts == [n_parts] and decode_attention.MERGE_CHUNK == 16
 
 
 @pytest.mark.usefixtures("cuda_kernels")
-def test_each_block_records_its_phases_where_asked(monkeypatch):
+def test_each_block_records_its_phases_where_asked(monkeypatch, launch_grids):
     # benchmarks/block_phases.py reads these records to find what holds a launch: each
     # block's phases in order, the exact block, one merger a chunk and one a group, and
     # the output as without them. Two groups of 16 slices and the exact part.
@@ -597,21 +605,13 @@ def test_each_block_records_its_phases_where_asked(monkeypatch):
 
     monkeypatch.setattr(decode_attention, "MIN_SLICE_TOKENS", 32)
     monkeypatch.setattr(decode_attention, "PHASE_TIMES", True)
-    launch = decode_attention._Plan.launch
-    grids = []
-
-    def counted(plan, n_tokens):
-        settings = launch(plan, n_tokens)
-        grids.append(settings["grid"])
-        return settings
-
-    monkeypatch.setattr(decode_attention._Plan, "launch", counted)
     forget_kernels()  # none built without the records
     try:
         cache = filled_cache(TurboQuantKVCache("turbo4"), 500, 2, 64, mx.float16)
         q, view, mask = step_inputs(cache, 1, 2, 3, 64, mx.float16)
         check(monkeypatch, q, view, mask)
-        n_parts, groups = grids[-1][0] // (32 * decode_attention.WARPS), grids[-1][1]
+        grid = launch_grids[-1]
+        n_parts, groups = grid[0] // (32 * decode_attention.WARPS), grid[1]
         words = decode_attention.PHASE_WORDS
         workspace = decode_attention._workspace(mx.float16).array.reshape(-1)
         records = workspace[-n_parts * groups * words :].reshape(groups, n_parts, words)
