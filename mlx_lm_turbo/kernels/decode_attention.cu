@@ -205,8 +205,10 @@ __shared__ uint32_t weight_pairs[VALUE_MMA ? NW : 1][R][17];
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
 // not per token); once every tile is done the same memory merges the warps' outputs.
+// One word to spare past them: value_bits may read a word past a token's value codes.
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
-__shared__ __align__(16) uint32_t scratch[STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS];
+__shared__ __align__(16) uint32_t
+    scratch[(STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS) + 1];
 auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
 // KEY_PAIR_TABLE: a pair of key codes -> its two levels as f16x2; KEY_MMA: a tile's raw
 // key dots. For 2- and 3-bit keys (KEY_PAIR_OR) the table is aligned to its size, so an
@@ -460,7 +462,11 @@ for (int r = 0; r < R; ++r) {
   m[r] = -INFINITY;
   l_lane[r] = 0.0f;
 }
-// VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out.
+// VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out. Bits
+// that start inside a word take GW + 1 words; the last group's last one is past the
+// codes (the row's norms, the next row's codes, or scratch's spare word), and lands
+// only in bits above the group's, which no one reads: unguarded, as a guard cost turbo3's
+// value loop 15 instructions of 170 per 16 tokens (compile_kernels.py --loops).
 auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
   if constexpr (VGW > 0) {
 #pragma unroll
@@ -469,7 +475,7 @@ auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
     const int bit = frag_group * GB, word = bit >> 5, shift = bit & 31;
     uint32_t in[GW + 1];
 #pragma unroll
-    for (int i = 0; i <= GW; ++i) in[i] = word + i < VW ? values[word + i] : 0u;
+    for (int i = 0; i <= GW; ++i) in[i] = values[word + i];
 #pragma unroll
     for (int i = 0; i < GW; ++i) out[i] = __funnelshift_r(in[i], in[i + 1], shift);
   }
