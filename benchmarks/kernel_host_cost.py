@@ -4,9 +4,10 @@ written (comments, indentation) instead of the stripped one ``kernels.dispatch.s
 hands MLX, and a whole decode layer (cache update + attention) against mlx-lm's
 KVCache. 4K tokens of turbo4, 8 KV heads, head_dim 128. Where the time goes: the
 ``mx.fast.cuda_kernel`` call alone with the same arguments, and a kernel of an empty
-body with as many inputs and template values (also without the template values, inside
-``mx.compile``, and as hand-written PTX through ``mx.fast.precompiled_cuda_kernel``, which
-has no source to assemble per call), or with one of each.
+body with as many inputs (the call passes no template values: its header declares them;
+also with them, inside ``mx.compile``, and as hand-written PTX through
+``mx.fast.precompiled_cuda_kernel``, which has no source to assemble per call), or with
+one input and one template value.
 
 ``--stub-kernels`` runs anywhere (CPU included): ``mx.fast.cuda_kernel`` is replaced by
 a stand-in returning zeroed outputs and the kernels' layer check passes, so what is
@@ -47,7 +48,7 @@ def stub_kernels():
     """Custom kernels that return zeroed outputs, served on any backend."""
 
     def cuda_kernel(name, input_names, output_names, source, **options):
-        def call(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        def call(inputs, grid, threadgroup, output_shapes, output_dtypes, template=()):
             return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
 
         return call
@@ -142,13 +143,18 @@ def main():
     )
     mx.eval(empty(**arguments))
     per_call(
-        f"empty kernel, {len(arguments['inputs'])} inputs, "
-        f"{len(arguments['template'])} template values",
+        f"empty kernel, {len(arguments['inputs'])} inputs (no template values: the "
+        "call's are in its header)",
         lambda: empty(**arguments),
     )
+    # the call's template values as the call passed them before they went to the header
+    template = [
+        (name, getattr(mx, value) if isinstance(value, str) else value)
+        for name, value in plan.constants
+    ]
     per_call(
-        "the same, no template values",
-        lambda: empty(**{**arguments, "template": []}),
+        f"the same with {len(template)} template values",
+        lambda: empty(**arguments, template=template),
     )
     options = {k: v for k, v in arguments.items() if k != "inputs"}
     compiled = mx.compile(lambda *inputs: empty(inputs=list(inputs), **options))
@@ -157,7 +163,7 @@ def main():
         "the same inside mx.compile (replayed at the same shapes)",
         lambda: compiled(*arguments["inputs"]),
     )
-    precompiled = {k: v for k, v in arguments.items() if k != "template"}
+    precompiled = arguments
     n_params = len(arguments["inputs"]) + len(arguments["output_shapes"])
     binary = empty_ptx("empty_ptx", n_params)
 

@@ -134,12 +134,13 @@ def attention_unit(dtype, kind, template):
         "attention",
         source("decode_attention.cu"),
         decode_attention.kernel_header(4)
+        + decode_attention.constants_header(template)
         + no_outputs
         + decode_attention.absent_inputs(names, dtype, "bool")
         + source("common.cuh"),
         [(n, types.get(n, "float32")) for n in names],
         [(n, output_types.get(n, "float32")) for n in outputs],
-        template,
+        (),
     )
 
 

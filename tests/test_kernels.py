@@ -203,8 +203,11 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
         for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
             cached.cache_clear()
         inputs = decode_attention.call_inputs(4, 0)
-        decode_attention._kernel(4, False, False, inputs, "float16", "bool")
-        decode_attention._kernel(4, True, False, inputs, "float16", "bool")
+        constants = decode_attention.template(
+            "float16", "bool", 128, 4, 1, 4, 4, 4, 4, 0, 0
+        )
+        decode_attention._kernel(4, False, False, inputs, constants)
+        decode_attention._kernel(4, True, False, inputs, constants)
         encode._kernel()
         built = names[-3:]
         assert len(set(built)) == 3
@@ -768,12 +771,13 @@ def test_auto_sends_float16_prefill_chunks_to_mlx_fused_attention(monkeypatch):
     assert dense_prefill_attention(q, view, 0.1, "causal", fused_only=True) is not None
 
 
-def recording_kernel(calls):
-    """A stand-in for a compiled kernel: records each call's arguments in ``calls`` and
-    returns zeroed outputs (runs on any backend)."""
+def recording_kernel(calls, constants):
+    """A stand-in for a compiled kernel of the template values ``constants``: records
+    each call's arguments and those values in ``calls`` and returns zeroed outputs
+    (runs on any backend)."""
 
     def kernel(**arguments):
-        calls.append(arguments)
+        calls.append(dict(arguments, constants=constants))
         return [
             mx.zeros(s, d)
             for s, d in zip(arguments["output_shapes"], arguments["output_dtypes"])
@@ -836,14 +840,13 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
-    calls = []
-    kernel = recording_kernel(calls)
-
-    made = []
+    calls, made = [], []
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail, recent, names, *types: made.append(names) or kernel,
+        lambda warps, raw_tail, recent, names, constants: (
+            made.append(names) or recording_kernel(calls, constants)
+        ),
     )
     monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(decode_attention, "gpu_backend", lambda: "cuda")
@@ -881,7 +884,7 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
                 assert a is b or (a.shape == b.shape and mx.array_equal(a, b).item()), (
                     name
                 )
-            code = dict(again["template"])["CODE"]
+            code = dict(again["constants"])["CODE"]
             flag_bits = code >> 13  # decode_call.flags(): tail 16, tokens 32, logits 64
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
@@ -910,15 +913,12 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
-    calls = []
-    kernel = recording_kernel(calls)
-
-    made = []
+    calls, made = [], []
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail, recent, names, *types: (
-            made.append((raw_tail, names)) or kernel
+        lambda warps, raw_tail, recent, names, constants: (
+            made.append((raw_tail, names)) or recording_kernel(calls, constants)
         ),
     )
     monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
@@ -948,7 +948,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
         ("kscale", view.codec.key_scale),
     ):
         assert mx.array_equal(inputs[at[name]], statistic).item(), name
-    flag_bits = dict(arguments["template"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["CODE"] >> 13
     assert flag_bits & 128 and flag_bits & 256 and flag_bits & 8  # raw, mean, scale
     assert arguments["output_shapes"][1] == (1, 2, 1, view.codec.row_words)
     assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
@@ -963,12 +963,11 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
     calls, made = [], []
-    kernel = recording_kernel(calls)
     monkeypatch.setattr(
         decode_attention,
         "_kernel",
-        lambda warps, raw_tail, recent, names, *types: (
-            made.append((raw_tail, recent, names)) or kernel
+        lambda warps, raw_tail, recent, names, constants: (
+            made.append((raw_tail, recent, names)) or recording_kernel(calls, constants)
         ),
     )
     monkeypatch.setenv(KERNEL_ENV, "off")  # the cache fills portably
@@ -996,9 +995,9 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     assert len(inputs) == len(names)
     assert inputs[at["recent"]] is view.recent
     assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
-    flag_bits = dict(arguments["template"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["CODE"] >> 13
     assert flag_bits & 1024 and flag_bits & 128 and flag_bits & 16  # recent, raw, tail
-    assert dict(arguments["template"])["WINDOW"] == 8
+    assert dict(arguments["constants"])["WINDOW"] == 8
     # one output besides the attention's: the tail one token on, led by the new row
     assert arguments["output_shapes"][1:] == [view.recent.shape]
     assert arguments["output_dtypes"][1:] == [mx.uint32]

@@ -5,9 +5,10 @@
 // the value rotation and writes them: one launch a layer. Each token's codes and
 // norms come in one row (codec.join_rows): KW words of key codes (none where the
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
-// Template constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE (KB,
-// VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none); MAX_SINKS, STAGE_BUFFERS, MERGE_CHUNK and VALUE_MMA_MAX_DIM come from the header.
+// The header's constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE
+// (KB, VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
+// none), a variant's template values; MAX_SINKS, STAGE_BUFFERS, MERGE_CHUNK and
+// VALUE_MMA_MAX_DIM.
 // `consts` holds the key signs (D), value
 // signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
 // key boundaries (2^KB - 1) and value boundaries (2^VB - 1). A raw tail (RAW_TAIL: one

@@ -282,18 +282,20 @@ def kernel_header(warps):
 
 
 @lru_cache(maxsize=None)
-def _kernel(warps, raw_tail, recent, names, dtype, mask_dtype):
-    """The kernel of a call passing the inputs ``names`` (``call_inputs``), for queries
-    of ``dtype`` (a dtype's name: "float16") and a mask of ``mask_dtype``."""
+def _kernel(warps, raw_tail, recent, names, constants):
+    """The kernel of a call passing the inputs ``names`` (``call_inputs``), for the
+    template values ``constants`` (``template``), which its header declares."""
     name, outputs, no_outputs = KERNELS[raw_tail, recent]
+    values = dict(constants)
     return cuda_kernel(
         name,
         list(names),
         list(outputs),
         included("decode_attention.cu"),
         header=kernel_header(warps)
+        + constants_header(constants)
         + no_outputs
-        + absent_inputs(names, dtype, mask_dtype)
+        + absent_inputs(names, values["T"], values["MT"])
         + included("common.cuh"),
     )
 
@@ -445,11 +447,7 @@ def _cuda_decode_attention(
         inputs[at["sink_logits"]] = sink_logits(queries, codec, scale, sinks)
     if recent is not None:
         inputs[at["recent"]] = recent
-    outputs = plan.kernel(
-        inputs=inputs,
-        template=plan.template,
-        **plan.launch(n_tokens),
-    )
+    outputs = plan.kernel(inputs=inputs, **plan.launch(n_tokens))
     workspace.previous = outputs[0]
     return outputs
 
@@ -510,9 +508,10 @@ class _Plan:
             in_place,
             recent_shape is not None,
         )
-        self.template = template(
-            dtype,
-            mask_dtype,
+        mask_name = "bool" if mask_dtype == mx.bool_ else DTYPE_NAMES[mask_dtype]
+        self.constants = constants = template(
+            DTYPE_NAMES[dtype],
+            mask_name,
             D,
             G,
             L,
@@ -526,12 +525,7 @@ class _Plan:
         names = call_inputs(key_bits, flag_bits)
         self.at = {name: i for i, name in enumerate(names)}
         self.kernel = _kernel(
-            WARPS,
-            raw_tail,
-            recent_shape is not None,
-            names,
-            DTYPE_NAMES[dtype],
-            "bool" if mask_dtype == mx.bool_ else DTYPE_NAMES[mask_dtype],
+            WARPS, raw_tail, recent_shape is not None, names, constants
         )
         # the layer's arrays; the call's own are set per call (None here)
         self.inputs = [None] * len(names)
@@ -571,14 +565,26 @@ class _Plan:
 def template(
     dtype, mask_dtype, D, G, L, R, key_bits, value_bits, warps, window, flag_bits
 ):
-    """A variant's template values (one list per variant, built once; the warps per
-    block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies them).
-    The integers go packed in two (the kernel unpacks them as constants): MLX's host
-    cost of a call grows with its template values (kernel_host_cost.py)."""
-    return [
+    """A variant's template values (dtypes by name; built once per variant; the warps
+    per block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies
+    them). The integers go packed in two (the kernel unpacks them as constants)."""
+    return (
         ("T", dtype),
         ("MT", mask_dtype),
         ("SHAPE", D | G << 10 | L << 18 | R << 22),
         ("CODE", key_bits | value_bits << 4 | warps << 8 | flag_bits << 13),
         ("WINDOW", window),
-    ]
+    )
+
+
+def constants_header(values):
+    """Template values declared as MLX declares them, but in the header: a plan's kernel
+    serves one set of them anyway, and MLX's host cost of a call grows with the values
+    it passes (kernel_host_cost.py: an empty kernel of 10 inputs took 8.1-9.0 us with
+    5 values, 6.8-7.2 without)."""
+    return "".join(
+        f"using {name} = {C_TYPES[value]};\n"
+        if isinstance(value, str)
+        else f"constexpr int {name} = {value};\n"
+        for name, value in values
+    )
