@@ -63,10 +63,13 @@ constexpr bool HALF_MATH = sizeof(T) == 2;
 constexpr int RW = NORMS + 1;  // words per row
 constexpr int TAIL_FROM = (RW + 3) / 4 * 4;  // RECENT: where the rows start (16-byte aligned)
 constexpr int KEY_PAIR_BYTES = KB >= 2 && KB <= 5 ? 4 << (2 * KB) : 0;
-// Where a quarter of a token's key codes is whole words (KEY_WORD_PAIRS, below), 4- and
-// 5-bit keys read no k_pairs table (lane pairs, counted where chosen, or shuffles).
+// Where a quarter of a token's key codes is whole words, or is read as if it were
+// (KEY_WORD_PAIRS, below), 4- and 5-bit keys read no k_pairs table (lane pairs, counted
+// where chosen, or shuffles).
 constexpr bool KEY_QUARTER_WORDS = (D * KBW) % 128 == 0;
-constexpr int KEY_TABLE_BYTES = KB >= 4 && KEY_QUARTER_WORDS ? 0 : KEY_PAIR_BYTES;
+constexpr bool KEY_QUARTER_SHIFTED = !KEY_QUARTER_WORDS && KB >= 2 && KB <= 5;
+constexpr int KEY_TABLE_BYTES =
+    KB >= 4 && (KEY_QUARTER_WORDS || KEY_QUARTER_SHIFTED) ? 0 : KEY_PAIR_BYTES;
 constexpr bool KEY_MMA = HALF_MATH && KEY_PAIR_BYTES > 0 && D % 16 == 0 &&
                          NW * 32 * RW * 4 + KEY_TABLE_BYTES <= 36 * 1024;
 // The value sum on the tensor cores too (O^T += V^T P^T per 16 tokens): lane group g
@@ -86,12 +89,11 @@ constexpr int PAIR_DELTA = VGW == 2 ? 2 : 1;
 // 128: every width at head dim 128 and 256, 3 bits included), lane t of a token's four
 // reads that quarter, KEY_LANE_WORDS words, and feeds every pair in it to the tensor
 // cores (a pair of 3-bit codes may straddle two of those words; the query's fragments
-// follow the same order of dims). 2- and 3-bit keys whose quarter is not whole words (3
-// bits at head dim 64: 48 bits) alike, the words funnel-shifted to start at the quarter
+// follow the same order of dims). Keys whose quarter is not whole words (3 and 5 bits
+// at head dim 64: 48 and 80 bits) alike, the words funnel-shifted to start at the quarter
 // (the bits past it, the next quarter's or the row's values, go unread): that cut the
-// key loop at head dim 64 from 179 to 88 SASS instructions per 16 tokens (turbo4's 83).
-// Else PTX's order of dims, each pair read on its own.
-constexpr bool KEY_QUARTER_SHIFTED = !KEY_QUARTER_WORDS && KB >= 2 && KB <= 3;
+// 3-bit key loop at head dim 64 from 179 to 88 SASS instructions per 16 tokens (turbo4's
+// 83). Else PTX's order of dims, each pair read on its own.
 constexpr bool KEY_WORD_PAIRS = KEY_MMA && (KEY_QUARTER_WORDS || KEY_QUARTER_SHIFTED);
 constexpr int KEY_LANE_WORDS = KEY_WORD_PAIRS ? (D * KBW / 4 + 31) / 32 : 1;
 // What a warp stages per tile: whole rows (KEY_MMA) or the value codes alone; where a
