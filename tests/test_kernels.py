@@ -340,7 +340,7 @@ def test_calls_in_a_row_on_one_layer_agree(monkeypatch):
 @pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize(
     "scheme, dtype, D",
-    # turbo5v3: 5-bit keys, the widest on the tensor cores (a 1024-word table of pairs)
+    # turbo5v3: 5-bit keys, the widest on the tensor cores (levels by warp shuffles)
     latin_cases(
         ["turbo4", "turbo3", "turbo5v3"],
         [mx.float16, mx.bfloat16, mx.float32],
