@@ -565,9 +565,9 @@ class _Plan:
 def template(
     dtype, mask_dtype, D, G, L, R, key_bits, value_bits, warps, window, flag_bits
 ):
-    """A variant's template values (dtypes by name; built once per variant; the warps
-    per block are one, not a header constant: benchmarks/decode_kernel_sweep.py varies
-    them). The integers go packed in two (the kernel unpacks them as constants)."""
+    """A variant's template values (dtypes by name; built once per variant), which its
+    kernel's header declares (``constants_header``). The integers go packed in two, as
+    when a call passed them; the kernel unpacks them as constants."""
     return (
         ("T", dtype),
         ("MT", mask_dtype),
