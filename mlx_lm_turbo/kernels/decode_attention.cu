@@ -478,7 +478,7 @@ for (int r = 0; r < R; ++r) {
 // that start inside a word take GW + 1 words; the last group's last one is past the
 // codes (the row's norms, the next row's codes, or scratch's spare word), and lands
 // only in bits above the group's, which no one reads: unguarded, as a guard cost turbo3's
-// value loop 15 instructions of 170 per 16 tokens (compile_kernels.py --loops).
+// value loop 13 instructions of 170 per 16 tokens (compile_kernels.py --loops).
 auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
   if constexpr (VGW > 0) {
 #pragma unroll
