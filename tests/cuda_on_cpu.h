@@ -163,6 +163,10 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
 }
 
 inline void cp_async16(void* shared, const void* global) { std::memcpy(shared, global, 16); }
+inline void cp_async16_at(uint32_t address, const void* global) {
+  const uint32_t host = address - SHARED_RESERVED;
+  std::memcpy(reinterpret_cast<void*>((gpu_on_cpu::shared_high << 32) | host), global, 16);
+}
 inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}

@@ -240,18 +240,23 @@ const int64_t row_stride = rows_strides[2];
 // A tile's rows go into `stage` as one contiguous copy where the rows are packed and
 // 16-byte aligned (asynchronous, 16 bytes a lane at a time), else word by word.
 const bool packed_rows = row_stride == RW && (reinterpret_cast<uintptr_t>(head_rows) & 15) == 0;
-auto stage_tile = [&](uint32_t* stage, int first, int end) {
+// A lane's first 16 bytes in buffer 0, as a shared address: a whole tile's copies are
+// then at immediate offsets from it (generic pointers cost each copy its own address).
+const uint32_t stage_lane_at =
+    static_cast<uint32_t>(__cvta_generic_to_shared(stage_buffer(0))) + 16 * lane;
+auto stage_tile = [&](int k, int first, int end) {
+  uint32_t* const stage = stage_buffer(k);
   const int n_items = min(32, end - first);
   const uint32_t* src = head_rows + int64_t(first) * row_stride;
   if (STAGE_STRIDE == RW && packed_rows && n_items == 32) {
     // a whole tile: a count known here, so each copy's offsets are immediates (the
     // general loop below cost some 140 instructions a tile)
     constexpr int TILE_COPIES = 32 * RW / 4;  // 16-byte copies
-    const uint32_t* from = src + 4 * lane;
-    uint32_t* to = stage + 4 * lane;
+    const uint32_t to = stage_lane_at + (k % NBUF) * STAGE_TILE * 4;
+    const uint32_t* from = head_rows + int64_t(first) * RW + 4 * lane;
 #pragma unroll
     for (int i = 0; i < (TILE_COPIES + 31) / 32; ++i) {
-      if (TILE_COPIES % 32 == 0 || lane + 32 * i < TILE_COPIES) cp_async16(to + 128 * i, from + 128 * i);
+      if (TILE_COPIES % 32 == 0 || lane + 32 * i < TILE_COPIES) cp_async16_at(to + 512 * i, from + 128 * i);
     }
   } else if (STAGE_STRIDE == RW && packed_rows) {
     const int n_words = n_items * RW, n_vec = n_words / 4;
@@ -270,7 +275,7 @@ auto stage_tile = [&](uint32_t* stage, int first, int end) {
 const int n_stored = RAW_TAIL ? n_tokens - L : n_tokens;
 const int slice_start = split * split_len, slice_end = min(n_stored, slice_start + split_len);
 if (!(HAS_EXACT && split == n_splits) && slice_start + warp * 32 < slice_end) {
-  stage_tile(stage_buffer(0), slice_start + warp * 32, slice_end);
+  stage_tile(0, slice_start + warp * 32, slice_end);
 }
 
 // -- the query rows: key calibration scale, rotation, softmax scale, log2(e); a warp
@@ -951,14 +956,14 @@ if (HAS_EXACT && split == n_splits) {
   for (int k = 0; first < end; ++k, first += THREADS) {
     const int next = first + THREADS;
     if (NBUF == 2 && next < end) {
-      stage_tile(stage_buffer(k + 1), next, end);
+      stage_tile(k + 1, next, end);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncwarp();
     attend_tile(Int<0>{}, first, end, stage_buffer(k), acc);
-    if (NBUF == 1 && next < end) stage_tile(stage_buffer(k + 1), next, end);
+    if (NBUF == 1 && next < end) stage_tile(k + 1, next, end);
   }
   store_rows(Int<VALUE_MMA>{}, acc);
 }
