@@ -684,15 +684,23 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
       value_norm = norm_of(norms, 1);
     }
     // Exact items are the sinks and the tail (the tail wins where both hold a token);
-    // the compressed slices take every other (token, row).
-    const bool sink = EXACT ? item < n_sinks : is_sink(t);
+    // the compressed slices take every other (token, row). A compressed tile past the
+    // sinks and before the exact tail (nearly every one) takes all: one test a warp.
+    if (!EXACT && (!HAS_SINK_TOKENS || first > sink_hi) && first + 32 <= n_tokens - n_exact) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int row = rg * R + r;
-      if (row >= ROWS) continue;
-      const bool exact_here = tail_exact(t, row % L);
-      const bool take = EXACT ? (sink ? !exact_here : exact_here) : !(sink || exact_here);
-      if (take) s[r] = dot[r] + mask_term(t, r);
+      for (int r = 0; r < R; ++r) {
+        if (rg * R + r < ROWS) s[r] = dot[r] + mask_term(t, r);
+      }
+    } else {
+      const bool sink = EXACT ? item < n_sinks : is_sink(t);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = rg * R + r;
+        if (row >= ROWS) continue;
+        const bool exact_here = tail_exact(t, row % L);
+        const bool take = EXACT ? (sink ? !exact_here : exact_here) : !(sink || exact_here);
+        if (take) s[r] = dot[r] + mask_term(t, r);
+      }
     }
   }
   // The running maxes are the warp's, so whether any moved is too: the accumulators
