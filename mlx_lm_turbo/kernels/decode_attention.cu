@@ -710,12 +710,11 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float m_new = fmaxf(m[r], warp_max(s[r]));
-    float p = 0.0f;
-    alpha[r] = 1.0f;
-    if (m_new != -INFINITY) {
-      alpha[r] = exp2_or_zero(m[r] - m_new);
-      p = exp2_or_zero(s[r] - m_new);
-    }
+    // A row with no score yet (m_new -inf) subtracts 0, so that no difference is NaN:
+    // exp2 of -inf is 0, and its sum and accumulators are 0 still.
+    const float m_at = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2_or_zero(m[r] - m_at);
+    const float p = exp2_or_zero(s[r] - m_at);
     moved |= m_new != m[r];
     l_lane[r] = l_lane[r] * alpha[r] + p;
     m[r] = m_new;
