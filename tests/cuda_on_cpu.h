@@ -120,6 +120,10 @@ inline size_t __cvta_generic_to_shared(const void* p) {
   gpu_on_cpu::shared_high_set = true;
   return uint32_t(at) + SHARED_RESERVED;
 }
+// The host memory behind a shared-window address (what __cvta_generic_to_shared gave).
+inline void* shared_host(uint32_t address) {
+  return reinterpret_cast<void*>((gpu_on_cpu::shared_high << 32) | (address - SHARED_RESERVED));
+}
 
 // common.cuh's PTX helpers, by what each instruction does (common.cuh leaves its own
 // out where TURBO_PTX_EMULATED is defined).
@@ -134,8 +138,7 @@ inline float exp2_or_zero(float x) { return exp2f(x); }
 
 inline uint32_t load_shared(uint32_t address) {
   uint32_t v;
-  const uint32_t host = address - SHARED_RESERVED;
-  std::memcpy(&v, reinterpret_cast<const void*>((gpu_on_cpu::shared_high << 32) | host), 4);
+  std::memcpy(&v, shared_host(address), 4);
   return v;
 }
 
@@ -162,10 +165,11 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
   arrive(w.group);
 }
 
-inline void cp_async16(void* shared, const void* global) { std::memcpy(shared, global, 16); }
 inline void cp_async16_at(uint32_t address, const void* global) {
-  const uint32_t host = address - SHARED_RESERVED;
-  std::memcpy(reinterpret_cast<void*>((gpu_on_cpu::shared_high << 32) | host), global, 16);
+  std::memcpy(shared_host(address), global, 16);
+}
+inline void cp_async16(void* shared, const void* global) {
+  cp_async16_at(uint32_t(__cvta_generic_to_shared(shared)), global);
 }
 inline void cp_async_commit() {}
 template <int N>

@@ -70,13 +70,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 // A 16-byte copy from global to shared memory that runs while the warp goes on
 // (sm_80+, like mma.sync); cp_async_commit closes a group of them, cp_async_wait<N>
 // waits until at most N groups are still in flight.
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global));
-}
-// The same at a shared-window address (an add to it folds into the instruction).
+// cp_async16_at takes the shared-window address itself, so that an add to it folds into
+// the instruction.
 __device__ __forceinline__ void cp_async16_at(uint32_t shared_address, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global));
+}
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  cp_async16_at(static_cast<uint32_t>(__cvta_generic_to_shared(shared)), global);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

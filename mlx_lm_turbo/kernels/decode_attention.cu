@@ -253,6 +253,7 @@ auto stage_tile = [&](int k, int first, int end) {
     // general loop below cost some 140 instructions a tile)
     constexpr int TILE_COPIES = 32 * RW / 4;  // 16-byte copies
     const uint32_t to = stage_lane_at + (k % NBUF) * STAGE_TILE * 4;
+    // (RW, the row stride here, as a constant: src's run-time stride cost instructions)
     const uint32_t* from = head_rows + int64_t(first) * RW + 4 * lane;
 #pragma unroll
     for (int i = 0; i < (TILE_COPIES + 31) / 32; ++i) {
@@ -685,7 +686,9 @@ auto attend_tile = [&](auto exact_tag, int first, int end, const uint32_t* stage
     }
     // Exact items are the sinks and the tail (the tail wins where both hold a token);
     // the compressed slices take every other (token, row). A compressed tile past the
-    // sinks and before the exact tail (nearly every one) takes all: one test a warp.
+    // sinks and before the exact tail (nearly every one) takes all: one test a warp, as a
+    // branch of its own (folded into the checks below, they still ran: 52 instructions,
+    // not 38).
     if (!EXACT && (!HAS_SINK_TOKENS || first > sink_hi) && first + 32 <= n_tokens - n_exact) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
