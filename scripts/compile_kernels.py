@@ -6,6 +6,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py [--arch sm_90]
     python scripts/compile_kernels.py --simd [--every 7]  # decode_attention_simd's CUDA build
     python scripts/compile_kernels.py --variants 72 --loops  # instructions per MMA loop
+    python scripts/compile_kernels.py --variants 72 --loops --sass DIR  # and the listing
     python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
     python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 128
 
@@ -15,7 +16,8 @@ counts the SASS instructions of every loop holding tensor-core instructions and 
 the loops inside those, indented: the decode kernel's tile loop (32 tokens an
 iteration), its key loop (16 tokens) and its value loop (16 tokens on the tensor cores,
 else one token), with their shared loads and their spilled registers' local loads and
-stores.
+stores. ``--sass DIR`` keeps each unit's whole listing there (``unitN.sass``), for
+reading a path through the code that is not a loop.
 """
 
 import argparse
@@ -369,6 +371,11 @@ def main():
         "--nvdisasm", default="nvdisasm", help="the nvdisasm to run for --loops"
     )
     parser.add_argument(
+        "--sass",
+        type=Path,
+        help="with --loops: write each unit's listing to this folder",
+    )
+    parser.add_argument(
         "--simd",
         action="store_true",
         help="compile every n-th variant of the shared SIMD kernels' CUDA build instead",
@@ -401,6 +408,8 @@ def main():
         parser.error(
             "--variants numbers the fused kernel's variants; with --simd use --every"
         )
+    if args.sass and not args.loops:
+        parser.error("--sass keeps the listings --loops makes: add --loops")
     if args.metal_as_cpp and not args.simd:
         parser.error("--metal-as-cpp checks the SIMD kernels: add --simd")
     if args.simd:
@@ -451,12 +460,18 @@ def main():
             f"--loops needs nvdisasm ({args.nvdisasm!r} not found): pip download "
             "nvidia-cuda-nvdisasm, unzip it and pass --nvdisasm DIR/nvidia/cu13/bin/nvdisasm"
         )
-    sys.exit(compile_all(units, args.arch, nvdisasm=args.loops and args.nvdisasm))
+    if args.sass:
+        args.sass.mkdir(parents=True, exist_ok=True)
+    sys.exit(
+        compile_all(
+            units, args.arch, nvdisasm=args.loops and args.nvdisasm, sass=args.sass
+        )
+    )
 
 
-def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
-    """Compile each unit, say how it went (with ``nvdisasm``: its MMA loops); 1 if any
-    failed, else 0."""
+def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None, sass=None):
+    """Compile each unit, say how it went (with ``nvdisasm``: its MMA loops, and where
+    ``sass`` names a folder, its listing written there); 1 if any failed, else 0."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
@@ -480,6 +495,8 @@ def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None):
                     text=True,
                     check=True,
                 ).stdout
+                if sass:
+                    (sass / f"unit{n}.sass").write_text(listing)
                 for depth, size, mma, loads, local in mma_loops(listing):
                     print(
                         f"  {'  ' * depth}loop: {size} instructions, {mma} MMA, "
