@@ -135,7 +135,7 @@ def attention_unit(dtype, kind, template):
     return wrap(
         "attention",
         source("decode_attention.cu"),
-        decode_attention.kernel_header(4)
+        decode_attention.kernel_header(4, decode_attention.dynamic_shared(4, template))
         + decode_attention.constants_header(template)
         + no_outputs
         + decode_attention.absent_inputs(names, dtype, "bool")

@@ -98,6 +98,7 @@ class EmulatedKernel:
         header="",
         ensure_row_contiguous=True,
         atomic_outputs=False,
+        shared_memory=0,
     ):
         self.backend = backend
         self.name = name
@@ -106,6 +107,7 @@ class EmulatedKernel:
         self.source = source
         self.header = header
         self.ensure_row_contiguous = ensure_row_contiguous
+        self.shared_memory = shared_memory
         # what MLX passes besides an input's pointer: its shape, strides and ndim
         # where the source names them
         self.named = [
@@ -177,8 +179,16 @@ class EmulatedKernel:
                 "}  // namespace mlx::core::cu\n"
             )
             call = f"mlx::core::cu::{self.name}"
+        # the block's dynamic shared memory (common.cuh's DYNAMIC_SHARED_ARRAY), static
+        # here as its other shared arrays
+        dynamic = (
+            ""
+            if metal
+            else "#define DYNAMIC_SHARED_ARRAY(name) static __attribute__((aligned(16)))"
+            f" uint32_t name[{self.shared_memory // 4 + 1}]\n"
+        )
         return (
-            f'#include "{SHIMS[self.backend]}"\n{self.header}\n{kernel}'
+            f'#include "{SHIMS[self.backend]}"\n{dynamic}{self.header}\n{kernel}'
             "static void thread_body(void* args) {\n"
             "  void** a = static_cast<void**>(args);\n"
             "  const gpu_on_cpu::Fiber* f = gpu_on_cpu::current;\n"

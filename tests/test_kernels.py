@@ -321,6 +321,30 @@ def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
     assert mx.array_equal(*outputs).item()
 
 
+def test_dynamic_shared_memory_is_what_mlx_cuda_raises_the_limit_for():
+    # MLX-CUDA raises a kernel's limit of 48 KiB of shared memory a block only where it
+    # asks for more than 48,000 bytes of dynamic memory: a variant asking for less with
+    # the static arrays beside it would not launch. (The kernel checks at compile time
+    # that the bytes are those its layout takes.)
+    from mlx_lm_turbo.kernels import decode_attention
+
+    chosen = set()
+    for dtype, D, (kb, vb), R in itertools.product(
+        ("float16", "bfloat16", "float32"),
+        (64, 128, 256),
+        ((4, 4), (3, 3), (2, 2), (8, 8), (4, 2), (0, 4), (5, 3)),
+        (1, 2, 4, 8),
+    ):
+        values = decode_attention.template(dtype, "bool", D, R, 1, R, kb, vb, 4, 0, 0)
+        dynamic = decode_attention.dynamic_shared(4, values)
+        assert dynamic == 0 or 48000 < dynamic <= 227 * 1024
+        if dynamic:
+            chosen.add((dtype, D, kb, vb, R))
+    assert chosen == {
+        (dtype, 128, 4, 4, R) for dtype in ("float16", "bfloat16") for R in (1, 2, 4)
+    }
+
+
 @pytest.mark.usefixtures("cuda_kernels")
 def test_calls_in_a_row_on_one_layer_agree(monkeypatch):
     # The workspace's group counters must be left zeroed by each call: a call

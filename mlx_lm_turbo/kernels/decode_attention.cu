@@ -112,17 +112,22 @@ constexpr auto fits_shared = [](int buffers, int table_bytes) {
 };
 // 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
 // the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
-// (lane l reads copy l mod 16: at most two lanes a bank), where it fits the static
-// shared memory beside one staging buffer (it then takes the place of the second, which
-// saved nothing measurable; the table's fewer instructions cut turbo4's kernel 15%:
-// benchmarks/results/decode_h100_lane_pairs.md). A plain 256-pair table's reads
-// collided in the banks (2.6-way for 4-bit keys, 60% of the kernel's shared-memory
-// wavefronts, decode_h200_03a138b.md).
+// (lane l reads copy l mod 16: at most two lanes a bank; the table's fewer instructions
+// cut turbo4's kernel 15%: benchmarks/results/decode_h100_lane_pairs.md). A plain
+// 256-pair table's reads collided in the banks (2.6-way for 4-bit keys, 60% of the
+// kernel's shared-memory wavefronts, decode_h200_03a138b.md). In the static 48 KiB it
+// fits beside one staging buffer only. DYNAMIC_SHARED (the header's bytes,
+// decode_attention.dynamic_shared()): the table and two staging buffers in dynamic
+// shared memory instead, so the next tile's copy runs while this one is read: turbo4's
+// 8-layer stack at 128K took 1.09 ms a step against 1.19 with one buffer on the H200
+// (benchmarks/results/dynamic_shared_h200_dd7f897.md; 32 copies, one a bank, with one
+// buffer: no faster).
+constexpr bool DYNAMIC = DYNAMIC_SHARED > 0;
 constexpr int PAIR_COPIES = 16, LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;
 constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
 constexpr bool VALUE_PAIRS_4BIT = VALUE_MMA && VB == 4;
 constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&
-                            fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES);
+                            (DYNAMIC || fits_shared(STAGE_BUFFERS == 2 ? 2 : 1, LANE_PAIRS_BYTES));
 constexpr bool KEY_LANE_PAIRS = LANE_PAIRS && KEY_PAIRS_4BIT;
 constexpr bool VALUE_LANE_PAIRS = LANE_PAIRS && VALUE_PAIRS_4BIT;
 constexpr int LANE_PAIRS_TABLE_BYTES = LANE_PAIRS ? LANE_PAIRS_BYTES : 0;
@@ -145,9 +150,11 @@ constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LAN
 // the rule KEY_MMA's fit counted (KEY_TABLE_BYTES).
 constexpr bool KEY_PAIR_TABLE = KEY_MMA && KEY_TABLE_BYTES > 0;
 static_assert(!(KEY_PAIR_TABLE && (KEY_SHUFFLES || KEY_LANE_PAIRS)));
-// The second buffer where it fits beside the pair tables. STAGE_BUFFERS (the header's;
-// 0: this choice) forces one or two, for launch-bound sweeps.
+// The second buffer where it fits beside the pair tables (always with DYNAMIC).
+// STAGE_BUFFERS (the header's; 0: this choice) forces one or two, for launch-bound
+// sweeps (the host asks for no dynamic memory where it forces one).
 constexpr int NBUF = STAGE_BUFFERS > 0 ? STAGE_BUFFERS
+                     : DYNAMIC ? 2
                      : fits_shared(2, (KEY_PAIR_TABLE ? KEY_PAIR_BYTES : 0) +
                                           LANE_PAIRS_TABLE_BYTES +
                                           (VALUE_LANE_PAIRS3 ? LANE_PAIRS3_ROOM : 0))
@@ -193,7 +200,10 @@ const T* recent_rows =
     reinterpret_cast<const T*>(recent + b * recent_strides[0] + h * recent_strides[1] + TAIL_FROM);
 const int64_t tail_words = TAIL_FROM + int64_t(n_recent) * D * sizeof(T);
 
-__shared__ __align__(16) float q_rows[R * D];  // [r][d]: the merged rows; the query fragments past D 128
+// [r][d]: the merged rows; the query fragments past D 128. With DYNAMIC at the staging
+// memory's end (16-byte aligned), past the warps' accumulators and the parts' weights
+// (at most 64 parts, as MERGE_CHUNK and MAX_SLICES allow) that the final merge reads.
+__shared__ __align__(16) float q_rows_static[DYNAMIC ? 1 : R * D];
 __shared__ __align__(16) float q_t[D * R];  // [d][r]: a dim's rows in one broadcast read
 __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // The value levels: float, or fp16 for the tensor cores (VALUE_MMA): for VB = 2 a table
@@ -202,25 +212,35 @@ __shared__ float k_levels[KB > 0 ? (1 << KB) : 1];
 // by a warp shuffle (v_lane, below).
 constexpr bool VALUE_PAIR_TABLE = VB == 2;
 __shared__ float v_levels[VALUE_MMA ? 1 : 1 << VB];
-__shared__ uint32_t lane_pairs[LANE_PAIRS ? LANE_PAIRS_BYTES / 4 : 1];
+__shared__ uint32_t lane_pairs_static[LANE_PAIRS && !DYNAMIC ? LANE_PAIRS_BYTES / 4 : 1];
+DYNAMIC_SHARED_ARRAY(dynamic_shared);
+uint32_t* const lane_pairs = DYNAMIC ? dynamic_shared : lane_pairs_static;
 __shared__ uint32_t lane_pairs3_room[VALUE_LANE_PAIRS3 ? LANE_PAIRS3_ROOM / 4 : 1];
 // Aligned to its 64 bytes, as the 2- and 3-bit key pairs are (KEY_PAIR_OR, below): an
 // entry's address is the table's OR the pair's byte offset, one LOP3 where adding it
 // cost another instruction (turbo2's value loop 166 -> 134 per 16 tokens).
 __shared__ __align__(64) uint32_t v_pairs[VALUE_MMA && VALUE_PAIR_TABLE ? 1 << (2 * VB) : 1];
 const uint32_t v_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(v_pairs));
-// A tile's softmax weights x value norms: float per token and row (exact tiles, and
-// where values are summed lane by lane), or fp16 pairs of tokens as the compressed
-// tiles' B fragments read them, rows 17 words apart (distinct banks).
-__shared__ __align__(16) float weights[NW][32][R];
+// A compressed tile's softmax weights x value norms as the tensor cores' B fragments
+// read them: fp16 pairs of tokens, rows 17 words apart (distinct banks).
 __shared__ uint32_t weight_pairs[VALUE_MMA ? NW : 1][R][17];
 __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
 // not per token); once every tile is done the same memory merges the warps' outputs.
 // One word to spare past them: value_bits may read a word past a token's value codes.
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
-__shared__ __align__(16) uint32_t
-    scratch[(STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS) + 1];
+constexpr int SCRATCH_WORDS = (STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS) + 1;
+__shared__ __align__(16) uint32_t scratch_static[DYNAMIC ? 1 : SCRATCH_WORDS];
+uint32_t* const scratch = DYNAMIC ? dynamic_shared + LANE_PAIRS_BYTES / 4 : scratch_static;
+// What decode_attention.dynamic_shared() counts, and what DYNAMIC's layout needs: the
+// 4-bit lane pairs, keys on the tensor cores (tile_dots, which the exact tiles' weights
+// share), two staging buffers, and the head dim whose query fragments stay in registers
+// (the merged rows then go to the staging memory's end, below).
+static_assert(!DYNAMIC || (DYNAMIC_SHARED == LANE_PAIRS_BYTES + 4 * SCRATCH_WORDS &&
+                           LANE_PAIRS && KEY_MMA && NBUF == 2 && D <= 128 &&
+                           VALUE_MMA && ACC_FLOATS + R * D < SCRATCH_WORDS));
+float* const q_rows = DYNAMIC ? reinterpret_cast<float*>(scratch) + (SCRATCH_WORDS - 1 - R * D) / 4 * 4
+                              : q_rows_static;
 auto stage_buffer = [&](int k) { return scratch + (warp * NBUF + k % NBUF) * STAGE_TILE; };
 // KEY_PAIR_TABLE: a pair of key codes -> its two levels as f16x2; KEY_MMA: a tile's raw
 // key dots. For 2- and 3-bit keys (KEY_PAIR_OR) the table is aligned to its size, so an
@@ -232,6 +252,12 @@ __shared__ __align__(KEY_PAIR_OR ? KEY_PAIR_BYTES : 4) uint32_t
     k_pairs[KEY_PAIR_TABLE ? KEY_PAIR_BYTES / 4 : 1];
 const uint32_t k_pairs_at = static_cast<uint32_t>(__cvta_generic_to_shared(k_pairs));
 __shared__ __align__(16) float tile_dots[KEY_MMA ? NW : 1][32][R];
+// A tile's softmax weights x value norms (exact tiles, and where values are summed lane
+// by lane), float per token and row; with DYNAMIC in tile_dots' memory: the compressed
+// tiles' dots and the exact tiles' weights are never live together, and a lane reads
+// its token's dots before writing its weights.
+__shared__ __align__(16) float weights_static[DYNAMIC ? 1 : NW][32][R];
+auto weights = DYNAMIC ? tile_dots : weights_static;
 auto warp_acc = reinterpret_cast<float (*)[R][D]>(scratch);
 
 // This head's packed rows.

@@ -263,11 +263,36 @@ PHASE_TIMES = False
 PHASE_WORDS = 16
 
 
-def kernel_header(warps):
+def dynamic_shared(warps, values):
+    """The bytes of dynamic shared memory a variant's kernel asks for (its template
+    ``values``): 0, but for fp16/bf16 turbo4 at head dim 128 with at most 4 query rows a
+    block, which holds its 4-bit level-pair table (16 KiB) and two staging buffers a
+    warp there, where the static 48 KiB fit one (decode_attention.cu: DYNAMIC). MLX-CUDA
+    raises a kernel's limit of 48 KiB only where this is above 48,000 bytes; it is
+    50,180 here, and with the static arrays 4 blocks of 4 warps still fit an SM's
+    228 KiB. Other widths and head dims keep the static layout: only this one is
+    measured (benchmarks/results/dynamic_shared_h200_dd7f897.md)."""
+    values = dict(values)
+    shape, code = values["SHAPE"], values["CODE"]
+    D, R = shape & 1023, shape >> 22
+    key_bits, value_bits = code & 15, (code >> 4) & 15
+    if (
+        values["T"] == "float32"
+        or (D, key_bits, value_bits) != (128, 4, 4)
+        or R > 4
+        or STAGE_BUFFERS == 1
+    ):
+        return 0
+    row_words = D * (key_bits + value_bits) // 32 + 1  # codes and both norms
+    stage_words = max(2 * warps * 32 * row_words, warps * R * D) + 1
+    return 4 * 256 * 16 + 4 * stage_words
+
+
+def kernel_header(warps, dynamic=0):
     """The header before the kernel's sources: its launch bounds (MLX declares it
     ``__global__ void ...`` after the header, so ``__global__`` is redefined as CUDA's
     own definition, ``__location__(global)``, plus the bounds), then the constants its
-    sources read."""
+    sources read (``dynamic``: ``dynamic_shared``'s bytes)."""
     blocks = max(1, WARPS_PER_SM // warps)
     return (
         "#undef __global__\n"
@@ -278,6 +303,7 @@ def kernel_header(warps):
         f"constexpr int VALUE_MMA_MAX_DIM = {VALUE_MMA_MAX_DIM};\n"
         f"constexpr bool PHASE_TIMES = {str(PHASE_TIMES).lower()};\n"
         f"constexpr int PHASE_WORDS = {PHASE_WORDS};\n"
+        f"constexpr int DYNAMIC_SHARED = {dynamic};\n"
     )
 
 
@@ -287,12 +313,14 @@ def _kernel(warps, raw_tail, recent, names, constants):
     template values ``constants`` (``template``), which its header declares."""
     name, outputs, no_outputs = KERNELS[raw_tail, recent]
     values = dict(constants)
+    dynamic = dynamic_shared(warps, constants)
     return cuda_kernel(
         name,
         list(names),
         list(outputs),
         included("decode_attention.cu"),
-        header=kernel_header(warps)
+        shared_memory=dynamic,
+        header=kernel_header(warps, dynamic)
         + constants_header(constants)
         + no_outputs
         + absent_inputs(names, values["T"], values["MT"])

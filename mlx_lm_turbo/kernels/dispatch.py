@@ -132,15 +132,22 @@ def included(name):
     return f'#include "{path}"\n// {digest} {" ".join(named)}\n'
 
 
-def cuda_kernel(name, input_names, output_names, source, header):
-    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles.
+def cuda_kernel(name, input_names, output_names, source, header, shared_memory=0):
+    """``mx.fast.cuda_kernel`` under a name that carries a digest of what it compiles
+    (``shared_memory``: the bytes of dynamic shared memory a block asks for).
 
     MLX-CUDA keeps each compiled kernel on disk (``MLX_PTX_CACHE_DIR``, else the temp
     directory) and finds it again by the kernel's name and template values alone: under
     a plain name, a later version of the source (an upgrade of this package) would run
     the binary compiled from the earlier one."""
     return _named_kernel(
-        mx.fast.cuda_kernel, name, input_names, output_names, source, header
+        mx.fast.cuda_kernel,
+        name,
+        input_names,
+        output_names,
+        source,
+        header,
+        shared_memory=shared_memory,
     )
 
 
@@ -153,8 +160,8 @@ def metal_kernel(name, input_names, output_names, source, header):
     )
 
 
-def _named_kernel(build, name, input_names, output_names, source, header):
-    text = "\0".join([*input_names, *output_names, header, source])
+def _named_kernel(build, name, input_names, output_names, source, header, **options):
+    text = "\0".join([*input_names, *output_names, header, source, str(options)])
     return build(
         name=f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:16]}",
         input_names=list(input_names),
@@ -162,6 +169,7 @@ def _named_kernel(build, name, input_names, output_names, source, header):
         source=source,
         header=header,
         ensure_row_contiguous=False,
+        **options,
     )
 
 
