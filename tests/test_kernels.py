@@ -321,13 +321,17 @@ def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
     assert mx.array_equal(*outputs).item()
 
 
-def test_dynamic_shared_memory_is_what_mlx_cuda_raises_the_limit_for():
+@pytest.mark.parametrize("widths", [{(4, 4)}, {(4, 4), (4, 2)}])
+def test_dynamic_shared_memory_is_what_mlx_cuda_raises_the_limit_for(
+    monkeypatch, widths
+):
     # MLX-CUDA raises a kernel's limit of 48 KiB of shared memory a block only where it
     # asks for more than 48,000 bytes of dynamic memory: a variant asking for less with
     # the static arrays beside it would not launch. (The kernel checks at compile time
-    # that the bytes are those its layout takes.)
+    # that the bytes hold its layout.)
     from mlx_lm_turbo.kernels import decode_attention
 
+    monkeypatch.setattr(decode_attention, "DYNAMIC_WIDTHS", widths)
     chosen = set()
     for dtype, D, (kb, vb), R in itertools.product(
         ("float16", "bfloat16", "float32"),
@@ -341,8 +345,34 @@ def test_dynamic_shared_memory_is_what_mlx_cuda_raises_the_limit_for():
         if dynamic:
             chosen.add((dtype, D, kb, vb, R))
     assert chosen == {
-        (dtype, 128, 4, 4, R) for dtype in ("float16", "bfloat16") for R in (1, 2, 4)
+        (dtype, 128, kb, vb, R)
+        for dtype in ("float16", "bfloat16")
+        for kb, vb in widths
+        for R in (1, 2, 4)
     }
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+def test_turbo4v2_in_dynamic_shared_memory_computes_alike(monkeypatch):
+    # DYNAMIC_WIDTHS holds the widths measured faster with the dynamic layout; turbo4v2
+    # (a smaller layout, padded to what MLX-CUDA raises the limit for) must compute
+    # exactly as with the static one when it joins them.
+    from mlx_lm_turbo.kernels import decode_attention
+
+    cache = filled_cache(TurboQuantKVCache("turbo4v2"), 1000, 2, 128, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
+    monkeypatch.setattr(decode_attention, "MAX_SLICES", 2)
+    outputs = []
+    try:
+        for widths in ({(4, 4)}, {(4, 4), (4, 2)}):
+            monkeypatch.setattr(decode_attention, "DYNAMIC_WIDTHS", widths)
+            forget_kernels()
+            fused, portable = both_paths(monkeypatch, q, view, mask)
+            assert relative_error(fused, portable) < TOLERANCE
+            outputs.append(fused)
+    finally:  # no later test gets these variants
+        forget_kernels()
+    assert mx.array_equal(*outputs).item()
 
 
 @pytest.mark.usefixtures("cuda_kernels")

@@ -263,29 +263,37 @@ PHASE_TIMES = False
 PHASE_WORDS = 16
 
 
+# The widths (key bits, value bits) whose kernel at head dim 128 keeps its 4-bit keys'
+# pair table and two staging buffers a warp in dynamic shared memory, where the static
+# 48 KiB hold one buffer beside the table (decode_attention.cu: DYNAMIC): those measured
+# faster so. turbo4: its 8-layer stack at 128K 1.19 -> 1.09 ms a step on the H200
+# (benchmarks/results/dynamic_shared_h200_dd7f897.md). turbo4v2 (4, 2) builds and
+# computes alike (tests/test_kernels.py), untimed.
+DYNAMIC_WIDTHS = {(4, 4)}
+
+
 def dynamic_shared(warps, values):
     """The bytes of dynamic shared memory a variant's kernel asks for (its template
-    ``values``): 0, but for fp16/bf16 turbo4 at head dim 128 with at most 4 query rows a
-    block, which holds its 4-bit level-pair table (16 KiB) and two staging buffers a
-    warp there, where the static 48 KiB fit one (decode_attention.cu: DYNAMIC). MLX-CUDA
-    raises a kernel's limit of 48 KiB only where this is above 48,000 bytes; it is
-    50,180 here, and with the static arrays 4 blocks of 4 warps still fit an SM's
-    228 KiB. Other widths and head dims keep the static layout: only this one is
-    measured (benchmarks/results/dynamic_shared_h200_dd7f897.md)."""
+    ``values``): 0, but for fp16/bf16 at head dim 128 of DYNAMIC_WIDTHS with at most 4
+    query rows a block: its 4-bit level-pair table (16 KiB) and two staging buffers a
+    warp. MLX-CUDA raises a kernel's limit of 48 KiB a block only where this is above
+    48,000 bytes, so a smaller layout asks for 48,004 (turbo4 takes 50,180); with the
+    static arrays (about 6 KiB) 4 blocks of 4 warps still fit an SM's 228 KiB."""
     values = dict(values)
     shape, code = values["SHAPE"], values["CODE"]
     D, R = shape & 1023, shape >> 22
     key_bits, value_bits = code & 15, (code >> 4) & 15
     if (
         values["T"] == "float32"
-        or (D, key_bits, value_bits) != (128, 4, 4)
+        or D != 128
+        or (key_bits, value_bits) not in DYNAMIC_WIDTHS
         or R > 4
         or STAGE_BUFFERS == 1
     ):
         return 0
     row_words = D * (key_bits + value_bits) // 32 + 1  # codes and both norms
     stage_words = max(2 * warps * 32 * row_words, warps * R * D) + 1
-    return 4 * 256 * 16 + 4 * stage_words
+    return max(4 * 256 * 16 + 4 * stage_words, 48_004)
 
 
 def kernel_header(warps, dynamic=0):
