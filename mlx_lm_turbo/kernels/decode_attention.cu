@@ -119,9 +119,9 @@ constexpr auto fits_shared = [](int buffers, int table_bytes) {
 // fits beside one staging buffer only. DYNAMIC_SHARED (the header's bytes,
 // decode_attention.dynamic_shared()): the table and two staging buffers in dynamic
 // shared memory instead, so the next tile's copy runs while this one is read: turbo4's
-// 8-layer stack at 128K took 1.09 ms a step against 1.19 with one buffer on the H200
-// (benchmarks/results/dynamic_shared_h200_dd7f897.md; 32 copies, one a bank, with one
-// buffer: no faster).
+// 8-layer stack at 128K took 1.09 ms a step against 1.19 with one buffer on the H200,
+// 0.83 against 0.87 after the host's build (benchmarks/results/
+// dynamic_shared_h200_dd7f897.md; 32 copies, one a bank, with one buffer: no faster).
 constexpr bool DYNAMIC = DYNAMIC_SHARED > 0;
 constexpr int PAIR_COPIES = 16, LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;
 constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
