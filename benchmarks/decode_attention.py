@@ -19,7 +19,10 @@ what was allocated before the first chunk (caches included, as they grow).
         [--count-ops] [--host-idle-ms 1 [--host-idle-spin]] [--out results.md]
 
 A scheme written ``NAME:MODE`` runs with MLX_LM_TURBO_KERNEL=MODE (``turbo4:off``:
-the portable path where the fused kernel would run, in the same run). ``--recent-exact``
+the portable path where the fused kernel would run, in the same run); ``NAME@dynamic``
+or ``NAME@static`` with its widths in or out of the CUDA kernel's DYNAMIC_WIDTHS (its
+pair table and two staging buffers in dynamic shared memory, or one buffer in static:
+``turbo4v2@dynamic turbo4v2@static`` compares both in one run). ``--recent-exact``
 runs each scheme with each window of exactly read recent tokens (``recent_exact``; shown
 as ``NAME W32`` where above 1).
 """
@@ -42,7 +45,8 @@ from mlx_lm.models.cache import KVCache
 import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import install_attention_dispatch
-from mlx_lm_turbo.kernels import KERNEL_ENV
+from mlx_lm_turbo.codec.schemes import parse_scheme
+from mlx_lm_turbo.kernels import KERNEL_ENV, decode_attention
 from mlx_lm_turbo.tools.bench import add_recent_exact_argument
 
 # The keys', values' and queries' dtype (``--dtype``): float16, as GPU models run; CPU
@@ -52,6 +56,9 @@ DTYPE = mx.float16
 # step taken one at a time (seconds; True: busy-wait instead of sleeping).
 HOST_IDLE = 0.0
 HOST_IDLE_SPIN = False
+# The package's choice, which runs without a layout keep.
+DEFAULT_DYNAMIC_WIDTHS = frozenset(decode_attention.DYNAMIC_WIDTHS)
+LAYOUTS = ("dynamic", "static")
 
 
 def host_idle():
@@ -293,14 +300,46 @@ def round_medians(rounds):
 
 
 def cache_maker(name):
-    """What builds one layer's cache for a run named ``fp16`` or ``SCHEME[:MODE][ WN]``
-    (sets the kernel mode for the run)."""
+    """What builds one layer's cache for a run named ``fp16`` or
+    ``SCHEME[:MODE][@LAYOUT][ WN]`` (sets the kernel mode and layout for the run)."""
     name, _, window = name.partition(" W")
+    name, _, layout = name.partition("@")
     scheme, _, mode = name.partition(":")
     os.environ[KERNEL_ENV] = mode or "auto"
+    set_kernel_layout(scheme, layout)
     if scheme == "fp16":
         return KVCache
     return lambda: TurboQuantKVCache(scheme, recent_exact=int(window or 1))
+
+
+def layout_error(spec):
+    """Why a ``--schemes`` entry's ``@LAYOUT`` cannot run, or None."""
+    name, _, layout = spec.partition("@")
+    if not layout:
+        return None
+    if layout not in LAYOUTS:
+        return "a layout is dynamic or static"
+    try:
+        scheme = parse_scheme(name.partition(":")[0])
+    except ValueError as error:
+        return str(error)
+    return None if scheme is not None else "a layout needs a turbo scheme"
+
+
+def set_kernel_layout(scheme, layout):
+    """The decode kernel's shared-memory layout for a run: ``dynamic`` puts the scheme's
+    widths into ``decode_attention.DYNAMIC_WIDTHS``, ``static`` takes them out, ``""``
+    keeps the package's choice. The kernels and launch plans built under another choice
+    are dropped, so a run builds its own (in its warm-up step)."""
+    widths = set(DEFAULT_DYNAMIC_WIDTHS)
+    if layout:
+        parsed = parse_scheme(scheme)
+        bits = {(parsed.key_bits, parsed.value_bits)}
+        widths = widths | bits if layout == "dynamic" else widths - bits
+    if widths != decode_attention.DYNAMIC_WIDTHS:
+        decode_attention.DYNAMIC_WIDTHS = widths
+        decode_attention._kernel.cache_clear()
+        decode_attention._LAYERS.clear()  # their plans hold the kernels
 
 
 def header():
@@ -396,6 +435,9 @@ def main():
     DTYPE = getattr(mx, args.dtype)
     HOST_IDLE, HOST_IDLE_SPIN = args.host_idle_ms / 1e3, args.host_idle_spin
     prefill_settings = [prefill_blocks(parser, spec) for spec in args.prefill_blocks]
+    for spec in args.schemes:
+        if error := layout_error(spec):
+            parser.error(f"--schemes {spec}: {error}")
     schemes = [
         f"{s} W{w}" if w > 1 else s for s in args.schemes for w in args.recent_exact
     ]
