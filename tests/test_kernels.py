@@ -297,12 +297,10 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     check(monkeypatch, q, view, mask)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
-@pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
-def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
-    # The sweeps force a warp's staging buffers (decode_kernel_sweep.py, kernel_times.py
-    # --stage-buffers): one buffer copies the next tile after reading this one, two
-    # while reading it. Two slices, so each warp stages several tiles.
+def fused_under_settings(monkeypatch, scheme, settings):
+    """The fused kernel's output on one cache of ``scheme`` under each of ``settings``
+    (a decode_attention constant and its value), each within TOLERANCE of the portable
+    path. Two slices, so each warp stages several tiles."""
     from mlx_lm_turbo.kernels import decode_attention
 
     cache = filled_cache(TurboQuantKVCache(scheme), 1000, 2, 128, mx.float16)
@@ -310,15 +308,25 @@ def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
     monkeypatch.setattr(decode_attention, "MAX_SLICES", 2)
     outputs = []
     try:
-        for buffers in (1, 2):
-            monkeypatch.setattr(decode_attention, "STAGE_BUFFERS", buffers)
+        for name, value in settings:
+            monkeypatch.setattr(decode_attention, name, value)
             forget_kernels()
             fused, portable = both_paths(monkeypatch, q, view, mask)
             assert relative_error(fused, portable) < TOLERANCE
             outputs.append(fused)
     finally:  # no later test gets these variants
         forget_kernels()
-    assert mx.array_equal(*outputs).item()
+    return outputs
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize("scheme", ["turbo4", "turbo3"])
+def test_one_or_two_staging_buffers_compute_alike(monkeypatch, scheme):
+    # The sweeps force a warp's staging buffers (decode_kernel_sweep.py, kernel_times.py
+    # --stage-buffers): one buffer copies the next tile after reading this one, two
+    # while reading it (turbo4's two in dynamic shared memory, its one in static).
+    settings = [("STAGE_BUFFERS", 1), ("STAGE_BUFFERS", 2)]
+    assert mx.array_equal(*fused_under_settings(monkeypatch, scheme, settings)).item()
 
 
 @pytest.mark.parametrize("widths", [{(4, 4)}, {(4, 4), (4, 2)}])
@@ -357,21 +365,8 @@ def test_turbo4v2_in_dynamic_shared_memory_computes_alike(monkeypatch):
     # DYNAMIC_WIDTHS holds the widths measured faster with the dynamic layout; turbo4v2
     # (a smaller layout, padded to what MLX-CUDA raises the limit for) must compute
     # exactly as with the static one when it joins them.
-    from mlx_lm_turbo.kernels import decode_attention
-
-    cache = filled_cache(TurboQuantKVCache("turbo4v2"), 1000, 2, 128, mx.float16)
-    q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
-    monkeypatch.setattr(decode_attention, "MAX_SLICES", 2)
-    outputs = []
-    try:
-        for widths in ({(4, 4)}, {(4, 4), (4, 2)}):
-            monkeypatch.setattr(decode_attention, "DYNAMIC_WIDTHS", widths)
-            forget_kernels()
-            fused, portable = both_paths(monkeypatch, q, view, mask)
-            assert relative_error(fused, portable) < TOLERANCE
-            outputs.append(fused)
-    finally:  # no later test gets these variants
-        forget_kernels()
+    settings = [("DYNAMIC_WIDTHS", {(4, 4)}), ("DYNAMIC_WIDTHS", {(4, 4), (4, 2)})]
+    outputs = fused_under_settings(monkeypatch, "turbo4v2", settings)
     assert mx.array_equal(*outputs).item()
 
 
