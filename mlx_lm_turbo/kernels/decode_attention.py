@@ -287,6 +287,7 @@ def dynamic_shared(warps, values):
     if (
         values["T"] == "float32"
         or D != 128
+        or key_bits != 4  # the layout holds 4-bit keys' pair table
         or (key_bits, value_bits) not in DYNAMIC_WIDTHS
         or R > 4
         or STAGE_BUFFERS == 1
