@@ -338,8 +338,7 @@ def set_kernel_layout(scheme, layout):
         widths = widths | bits if layout == "dynamic" else widths - bits
     if widths != decode_attention.DYNAMIC_WIDTHS:
         decode_attention.DYNAMIC_WIDTHS = widths
-        decode_attention._kernel.cache_clear()
-        decode_attention._LAYERS.clear()  # their plans hold the kernels
+        decode_attention.forget_kernels()
 
 
 def header():

@@ -108,8 +108,7 @@ def main():
                 # both are in the kernels' header: build them again
                 decode_attention.WARPS_PER_SM = per_sm
                 decode_attention.STAGE_BUFFERS = buffers
-                decode_attention._kernel.cache_clear()
-                decode_attention._LAYERS.clear()  # their plans hold the kernels
+                decode_attention.forget_kernels()
             step, *_ = decode_steps(fill(make_turbo), args.steps, **SHAPE)
             attention = attention_alone(fill(make_turbo), args.steps, turbo=True)
             print(

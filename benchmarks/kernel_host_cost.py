@@ -119,8 +119,7 @@ def main():
     if stubbed:
         return
     written = {n: (_SOURCES / n).read_text() for n in sizes}
-    decode_attention._kernel.cache_clear()
-    decode_attention._LAYERS.clear()  # their plans hold the kernels they built
+    decode_attention.forget_kernels()
     decode_attention.source = written.__getitem__
     mx.eval(fused())  # compiled once
     chars = sum(map(len, written.values()))

@@ -111,8 +111,7 @@ def forget_kernels():
     builds them again (from what a test has patched: mx.fast, the launch constants)."""
     from mlx_lm_turbo.kernels import decode_attention, decode_attention_simd, encode
 
-    decode_attention._kernel.cache_clear()
-    decode_attention._LAYERS.clear()
+    decode_attention.forget_kernels()
     decode_attention_simd.kernels.cache_clear()
     encode._kernel.cache_clear()
 

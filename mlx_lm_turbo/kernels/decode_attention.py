@@ -426,6 +426,14 @@ class _Layer:
 _LAYERS = weakref.WeakKeyDictionary()  # codec -> _Layer
 
 
+def forget_kernels():
+    """Drop the kernels built so far and the layers' launch plans that hold them, so
+    the next call builds them again from this module's constants (for the benchmarks and
+    tests that change them)."""
+    _kernel.cache_clear()
+    _LAYERS.clear()
+
+
 def _cuda_decode_attention(
     queries, kv, scale, mask, sinks, raw_tail=False, in_place=False
 ):
