@@ -295,7 +295,8 @@ def dynamic_shared(warps, values):
         return 0
     row_words = D * (key_bits + value_bits) // 32 + 1  # codes and both norms
     stage_words = max(2 * warps * 32 * row_words, warps * R * D) + 1
-    return max(4 * 256 * 16 + 4 * stage_words, 48_004)
+    table_bytes = 4 * 256 * 16  # 256 level pairs, 16 copies (LANE_PAIRS_BYTES)
+    return max(table_bytes + 4 * stage_words, 48_004)
 
 
 def kernel_header(warps, dynamic=0):
