@@ -184,7 +184,7 @@ class EmulatedKernel:
         dynamic = (
             ""
             if metal
-            else "#define DYNAMIC_SHARED_ARRAY(name) static __attribute__((aligned(16)))"
+            else "#define DYNAMIC_SHARED_ARRAY(name) static __attribute__((aligned(128)))"
             f" uint32_t name[{self.shared_memory // 4 + 1}]\n"
         )
         return (

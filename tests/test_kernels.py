@@ -297,6 +297,17 @@ def test_every_width_matches_the_portable_path(monkeypatch, scheme):
     check(monkeypatch, q, view, mask)
 
 
+@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize("scheme", ["turbo2", "turbo4v2"])
+def test_two_bit_values_at_head_dim_64(monkeypatch, scheme):
+    # SmolLM2's shape: a lane group's 16 bits of 2-bit values start at bit 0 or 16 of a
+    # word, so the value loop reads one word a group (decode_attention.cu's
+    # VALUE_READ_WORDS), where other widths read the word after too
+    cache = filled_cache(TurboQuantKVCache(scheme), 1000, 3, 64, mx.float16)
+    q, view, mask = step_inputs(cache, 1, 3, 3, 64, mx.float16)
+    check(monkeypatch, q, view, mask)
+
+
 def fused_under_settings(monkeypatch, scheme, settings):
     """The fused kernel's output on one cache of ``scheme`` under each of ``settings``
     (a decode_attention constant and its value), each within TOLERANCE of the portable

@@ -96,8 +96,9 @@ __device__ __forceinline__ uint64_t global_time_ns() {
   return t;
 }
 
-// The block's dynamic shared memory as words (mx.fast.cuda_kernel's shared_memory).
-#define DYNAMIC_SHARED_ARRAY(name) extern __shared__ __align__(16) uint32_t name[]
+// The block's dynamic shared memory as words (mx.fast.cuda_kernel's shared_memory),
+// aligned to 128 bytes as the static staging memory is (decode_attention.cu's scratch).
+#define DYNAMIC_SHARED_ARRAY(name) extern __shared__ __align__(128) uint32_t name[]
 
 #endif  // TURBO_PTX_EMULATED
 

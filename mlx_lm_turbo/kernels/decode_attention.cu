@@ -118,10 +118,9 @@ constexpr auto fits_shared = [](int buffers, int table_bytes) {
 // kernel's shared-memory wavefronts, decode_h200_03a138b.md). In the static 48 KiB it
 // fits beside one staging buffer only. DYNAMIC_SHARED (the header's bytes,
 // decode_attention.dynamic_shared()): the table and two staging buffers in dynamic
-// shared memory instead, so the next tile's copy runs while this one is read: turbo4's
-// 8-layer stack at 128K took 1.09 ms a step against 1.19 with one buffer on the H200,
-// 0.83 against 0.87 after the host's build (benchmarks/results/
-// dynamic_shared_h200_dd7f897.md; 32 copies, one a bank, with one buffer: no faster).
+// shared memory instead, so the next tile's copy runs while this one is read: under ncu
+// turbo4's launch at 128K 1% faster on the H200, 0.2% on an H100 (benchmarks/results/
+// layouts_widths_h100_b50e051.md; 32 copies, one a bank, with one buffer: no faster).
 constexpr bool DYNAMIC = DYNAMIC_SHARED > 0;
 constexpr int PAIR_COPIES = 16, LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;
 constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
@@ -228,9 +227,13 @@ __shared__ float warp_m[NW][R], warp_l[NW][R];
 // Each warp stages a tile's rows (or value codes) here (one global round trip per tile,
 // not per token); once every tile is done the same memory merges the warps' outputs.
 // One word to spare past them: value_bits may read a word past a token's value codes.
+// Aligned to 128 bytes (a tile's stage is 128 x RW bytes): a tile copy's 16-byte pieces
+// then fill whole 128-byte lines, where 16-byte alignment left turbo3's at 64 bytes past
+// one and doubled its shared-memory wavefronts (ncu: 50 against 25 a tile on an H100,
+// benchmarks/results/turbo3_profile_h100_b50e051.md).
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
 constexpr int SCRATCH_WORDS = (STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS) + 1;
-__shared__ __align__(16) uint32_t scratch_static[DYNAMIC ? 1 : SCRATCH_WORDS];
+__shared__ __align__(128) uint32_t scratch_static[DYNAMIC ? 1 : SCRATCH_WORDS];
 uint32_t* const scratch = DYNAMIC ? dynamic_shared + LANE_PAIRS_BYTES / 4 : scratch_static;
 // What decode_attention.dynamic_shared() counts (at least: it asks for 48,004 bytes
 // where the layout takes less), and what DYNAMIC's layout needs: the 4-bit lane pairs,
@@ -508,10 +511,20 @@ for (int r = 0; r < R; ++r) {
   l_lane[r] = 0.0f;
 }
 // VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out. Bits
-// that start inside a word take GW + 1 words; the last group's last one is past the
-// codes (the row's norms, the next row's codes, or scratch's spare word), and lands
+// that start inside a word span VALUE_READ_WORDS words at most (GW + 1 where a group's
+// offset in its first word and its bits pass a word boundary more, as 3-bit values at
+// head dim 128 never do: their groups start at bit 0 or 16, and a third read cost 4
+// shared loads a 16 tokens, each a 2-way bank conflict). A last word read may be past
+// the codes (the row's norms, the next row's codes, or scratch's spare word), and lands
 // only in bits above the group's, which no one reads: unguarded, as a guard cost turbo3's
 // value loop 13 instructions of 170 per 16 tokens (compile_kernels.py --loops).
+constexpr int VALUE_SHIFT_MAX = [] {
+  int most = 0;
+  for (int g = 0; g < 8; ++g) most = (g * GB) % 32 > most ? (g * GB) % 32 : most;
+  return most;
+}();
+constexpr int VALUE_READ_WORDS = (VALUE_SHIFT_MAX + GB + 31) / 32;
+static_assert(VALUE_READ_WORDS <= GW + 1);
 auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
   if constexpr (VGW > 0) {
 #pragma unroll
@@ -520,7 +533,7 @@ auto value_bits = [&](const uint32_t* values, uint32_t (&out)[GW]) {
     const int bit = frag_group * GB, word = bit >> 5, shift = bit & 31;
     uint32_t in[GW + 1];
 #pragma unroll
-    for (int i = 0; i <= GW; ++i) in[i] = values[word + i];
+    for (int i = 0; i <= GW; ++i) in[i] = i < VALUE_READ_WORDS ? values[word + i] : 0u;
 #pragma unroll
     for (int i = 0; i < GW; ++i) out[i] = __funnelshift_r(in[i], in[i + 1], shift);
   }

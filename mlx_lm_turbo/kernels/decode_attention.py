@@ -266,10 +266,10 @@ PHASE_WORDS = 16
 # The widths (key bits, value bits) whose kernel at head dim 128 keeps its 4-bit keys'
 # pair table and two staging buffers a warp in dynamic shared memory, where the static
 # 48 KiB hold one buffer beside the table (decode_attention.cu: DYNAMIC): those measured
-# faster so. turbo4: its 8-layer stack at 128K 1.19 -> 1.09 ms a step on the H200, the
-# eval after the host's build 0.87 -> 0.83 (benchmarks/results/
-# dynamic_shared_h200_dd7f897.md). turbo4v2 (4, 2) builds and computes alike
-# (tests/test_kernels.py), untimed.
+# no slower so. turbo4: under ncu its launch at 128K 1% faster on the H200, 0.2% on an
+# H100, its stack no faster in one process (benchmarks/results/
+# layouts_widths_h100_b50e051.md). turbo4v2 (4, 2) builds and computes alike
+# (tests/test_kernels.py); its stack was no faster with it, so it keeps one buffer.
 DYNAMIC_WIDTHS = {(4, 4)}
 
 
