@@ -511,10 +511,10 @@ for (int r = 0; r < R; ++r) {
   l_lane[r] = 0.0f;
 }
 // VALUE_MMA: this lane group's value bits of one staged token, from bit 0 of out. Bits
-// that start inside a word span VALUE_READ_WORDS words at most (GW + 1 where a group's
-// offset in its first word and its bits pass a word boundary more, as 3-bit values at
-// head dim 128 never do: their groups start at bit 0 or 16, and a third read cost 4
-// shared loads a 16 tokens, each a 2-way bank conflict). A last word read may be past
+// that start inside a word are read from VALUE_READ_WORDS words, as far as the farthest
+// group's offset in its first word plus its bits reach: 3-bit values at head dim 128
+// start at bit 0 or 16, so two words, not GW + 1 = 3 (the third read cost 4 shared
+// loads a 16 tokens, each 2-way bank conflicted). The last word read may be past
 // the codes (the row's norms, the next row's codes, or scratch's spare word), and lands
 // only in bits above the group's, which no one reads: unguarded, as a guard cost turbo3's
 // value loop 13 instructions of 170 per 16 tokens (compile_kernels.py --loops).
