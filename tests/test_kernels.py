@@ -374,7 +374,7 @@ def test_dynamic_shared_memory_is_what_mlx_cuda_raises_the_limit_for(
 
 @pytest.mark.usefixtures("cuda_kernels")
 def test_turbo4v2_in_dynamic_shared_memory_computes_alike(monkeypatch):
-    # DYNAMIC_WIDTHS holds the widths measured faster with the dynamic layout; turbo4v2
+    # DYNAMIC_WIDTHS holds the widths measured no slower with the dynamic layout; turbo4v2
     # (a smaller layout, padded to what MLX-CUDA raises the limit for) must compute
     # exactly as with the static one when it joins them.
     settings = [("DYNAMIC_WIDTHS", {(4, 4)}), ("DYNAMIC_WIDTHS", {(4, 4), (4, 2)})]
