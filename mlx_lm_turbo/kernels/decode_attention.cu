@@ -122,7 +122,7 @@ constexpr auto fits_shared = [](int buffers, int table_bytes) {
 // turbo4's launch at 128K 1% faster on the H200, 0.2% on an H100 (benchmarks/results/
 // layouts_widths_h100_b50e051.md; 32 copies, one a bank, with one buffer: no faster).
 constexpr bool DYNAMIC = DYNAMIC_SHARED > 0;
-constexpr int PAIR_COPIES = 16, LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;
+constexpr int LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;  // PAIR_COPIES: decode_attention.py
 constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
 constexpr bool VALUE_PAIRS_4BIT = VALUE_MMA && VB == 4;
 constexpr bool LANE_PAIRS = (KEY_PAIRS_4BIT || VALUE_PAIRS_4BIT) &&

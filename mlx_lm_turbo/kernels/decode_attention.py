@@ -261,6 +261,9 @@ VALUE_MMA_MAX_DIM = 256
 # words a block (benchmarks/block_phases.py; decode_attention.cu says what they hold).
 PHASE_TIMES = False
 PHASE_WORDS = 16
+# Copies of the 4-bit (and 3-bit) level-pair tables held side by side in shared memory,
+# lane l reading copy l mod PAIR_COPIES (decode_attention.cu says why 16).
+PAIR_COPIES = 16
 
 
 # The widths (key bits, value bits) whose kernel at head dim 128 keeps its 4-bit keys'
@@ -295,7 +298,7 @@ def dynamic_shared(warps, values):
         return 0
     row_words = D * (key_bits + value_bits) // 32 + 1  # codes and both norms
     stage_words = max(2 * warps * 32 * row_words, warps * R * D) + 1
-    table_bytes = 4 * 256 * 16  # 256 level pairs, 16 copies (LANE_PAIRS_BYTES)
+    table_bytes = 4 * 256 * PAIR_COPIES  # 256 level pairs (LANE_PAIRS_BYTES)
     return max(table_bytes + 4 * stage_words, 48_004)
 
 
@@ -314,6 +317,7 @@ def kernel_header(warps, dynamic=0):
         f"constexpr int VALUE_MMA_MAX_DIM = {VALUE_MMA_MAX_DIM};\n"
         f"constexpr bool PHASE_TIMES = {str(PHASE_TIMES).lower()};\n"
         f"constexpr int PHASE_WORDS = {PHASE_WORDS};\n"
+        f"constexpr int PAIR_COPIES = {PAIR_COPIES};\n"
         f"constexpr int DYNAMIC_SHARED = {dynamic};\n"
     )
 
