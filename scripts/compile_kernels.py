@@ -9,6 +9,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py --variants 72 --loops --sass DIR  # and the listing
     python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
     python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 128
+    python scripts/compile_kernels.py --variants 72 75 --code-hashes  # before/after a move
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
@@ -17,13 +18,18 @@ the loops inside those, indented: the decode kernel's tile loop (32 tokens an
 iteration), its key loop (16 tokens) and its value loop (16 tokens on the tensor cores,
 else one token), with their shared loads and their spilled registers' local loads and
 stores. ``--sass DIR`` keeps each unit's whole listing there (``unitN.sass``), for
-reading a path through the code that is not a loop.
+reading a path through the code that is not a loop. ``--code-hashes`` prints a hash of
+each unit's machine code (its cubin's ``.text`` sections; the file around them differs
+between builds of the same source): a change that should not alter the kernels, such
+as moving a constant into the header, keeps every hash.
 """
 
 import argparse
+import hashlib
 import itertools
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -304,6 +310,24 @@ def compile_unit(unit, arch, path, cubin=None):
     )
 
 
+def code_hash(cubin):
+    """The first 16 hex digits of the SHA-256 of a cubin's machine code: its ELF64
+    ``.text`` sections' bytes, in the file's order."""
+    data = cubin.read_bytes()
+    (table,) = struct.unpack_from("<Q", data, 0x28)
+    entry, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    # each section header: name offset, type, flags, address, file offset, size, ...
+    headers = [
+        struct.unpack_from("<IIQQQQ", data, table + i * entry) for i in range(count)
+    ]
+    names_at = headers[names_index][4]
+    digest = hashlib.sha256()
+    for name, _, _, _, offset, size in headers:
+        if data[names_at + name :].startswith(b".text."):
+            digest.update(data[offset : offset + size])
+    return digest.hexdigest()[:16]
+
+
 INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 LABEL = re.compile(r"^(\.L_x_\d+):")
 
@@ -376,6 +400,11 @@ def main():
         help="with --loops: write each unit's listing to this folder",
     )
     parser.add_argument(
+        "--code-hashes",
+        action="store_true",
+        help="also print a hash of each unit's machine code (see above)",
+    )
+    parser.add_argument(
         "--simd",
         action="store_true",
         help="compile every n-th variant of the shared SIMD kernels' CUDA build instead",
@@ -412,11 +441,15 @@ def main():
         parser.error("--sass keeps the listings --loops makes: add --loops")
     if args.metal_as_cpp and not args.simd:
         parser.error("--metal-as-cpp checks the SIMD kernels: add --simd")
+    if args.metal_as_cpp and args.code_hashes:
+        parser.error("--code-hashes hashes nvcc's builds: leave out --metal-as-cpp")
     if args.simd:
         variants = list(simd_variants())[:: args.every]
         backend = "metal" if args.metal_as_cpp else "cuda"
         units = [unit for v in variants for unit in simd_units(*v, backend=backend)]
-        sys.exit(compile_all(units, args.arch, args.metal_as_cpp))
+        sys.exit(
+            compile_all(units, args.arch, args.metal_as_cpp, hashes=args.code_hashes)
+        )
     from mlx_lm_turbo.kernels import decode_attention, encode
     from mlx_lm_turbo.kernels.dispatch import source
 
@@ -464,18 +497,25 @@ def main():
         args.sass.mkdir(parents=True, exist_ok=True)
     sys.exit(
         compile_all(
-            units, args.arch, nvdisasm=args.loops and args.nvdisasm, sass=args.sass
+            units,
+            args.arch,
+            nvdisasm=args.loops and args.nvdisasm,
+            sass=args.sass,
+            hashes=args.code_hashes,
         )
     )
 
 
-def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None, sass=None):
-    """Compile each unit, say how it went (with ``nvdisasm``: its MMA loops, and where
-    ``sass`` names a folder, its listing written there); 1 if any failed, else 0."""
+def compile_all(
+    units, arch, metal_as_cpp=False, nvdisasm=None, sass=None, hashes=False
+):
+    """Compile each unit, say how it went (with ``hashes``: its machine code's hash; with
+    ``nvdisasm``: its MMA loops, and where ``sass`` names a folder, its listing written
+    there); 1 if any failed, else 0."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
-            cubin = Path(tmp) / f"unit{n}.cubin" if nvdisasm else None
+            cubin = Path(tmp) / f"unit{n}.cubin" if nvdisasm or hashes else None
             if metal_as_cpp:
                 run = compile_metal_as_cpp(unit, Path(tmp) / f"unit{n}.cpp")
             else:
@@ -487,7 +527,8 @@ def compile_all(units, arch, metal_as_cpp=False, nvdisasm=None, sass=None):
                 failed += 1
                 print(f"unit {n} FAILED:\n{run.stderr[:4000]}")
                 continue
-            print(f"unit {n} ok {usage[-2:]}")
+            code = f" code {code_hash(cubin)}" if hashes else ""
+            print(f"unit {n} ok{code} {usage[-2:]}")
             if nvdisasm:
                 listing = subprocess.run(
                     [nvdisasm, "-c", str(cubin)],
