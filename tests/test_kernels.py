@@ -14,6 +14,7 @@ portable path run in float32 on the same caches: the kernel must be within 4e-3 
 import copy
 import itertools
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -1596,3 +1597,46 @@ def test_mma_loops_counts_the_loops_holding_tensor_core_instructions_and_inside(
         (0, 7, 1, 1, 2),
         (1, 3, 0, 0, 2),
     ]
+
+
+def elf_with_sections(sections):
+    """A minimal ELF64 file of the given (name, bytes) sections and their name table."""
+    names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
+    data, offsets = b"", []
+    for _, body in [*sections, ("", names)]:
+        offsets.append(64 + len(data))
+        data += body
+    table = 64 + len(data)
+    name_at, headers = 1, [bytes(64)]  # section 0 is the null section
+    for (name, body), offset in zip(sections, offsets):
+        headers.append(
+            struct.pack("<IIQQQQIIQQ", name_at, 1, 0, 0, offset, len(body), 0, 0, 1, 0)
+        )
+        name_at += len(name) + 1
+    headers.append(
+        struct.pack(
+            "<IIQQQQIIQQ", name_at, 3, 0, 0, offsets[-1], len(names), 0, 0, 1, 0
+        )
+    )
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    struct.pack_into("<Q", header, 0x28, table)
+    struct.pack_into("<HHH", header, 0x3A, 64, len(headers), len(headers) - 1)
+    return bytes(header) + data + b"".join(headers)
+
+
+def test_code_hash_reads_the_machine_code_alone(tmp_path):
+    code_hash = scripts_compile_kernels().code_hash
+
+    def hashed(sections):
+        path = tmp_path / "unit.cubin"
+        path.write_bytes(elf_with_sections(sections))
+        return code_hash(path)
+
+    code = [(".text.attention", b"\x01\x02\x03\x04" * 8)]
+    same = hashed([(".nv.info", b"one build"), *code])
+    assert hashed([(".nv.info", b"another build's notes"), *code]) == same
+    assert (
+        hashed([(".nv.info", b"one build"), (".text.attention", b"\x01" * 32)]) != same
+    )
+    assert hashed([*code, (".text.merge", b"\x05")]) != same
