@@ -323,7 +323,7 @@ def code_hash(cubin):
     names_at = headers[names_index][4]
     digest = hashlib.sha256()
     for name, _, _, _, offset, size in headers:
-        if data[names_at + name :].startswith(b".text."):
+        if data.startswith(b".text.", names_at + name):
             digest.update(data[offset : offset + size])
     return digest.hexdigest()[:16]
 

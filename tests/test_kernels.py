@@ -1602,27 +1602,22 @@ def test_mma_loops_counts_the_loops_holding_tensor_core_instructions_and_inside(
 def elf_with_sections(sections):
     """A minimal ELF64 file of the given (name, bytes) sections and their name table."""
     names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
-    data, offsets = b"", []
-    for _, body in [*sections, ("", names)]:
-        offsets.append(64 + len(data))
-        data += body
-    table = 64 + len(data)
-    name_at, headers = 1, [bytes(64)]  # section 0 is the null section
-    for (name, body), offset in zip(sections, offsets):
+    body, name_at, headers = b"", 1, [bytes(64)]  # section 0 is the null section
+    for name, data in [*sections, (".shstrtab", names)]:
+        kind = 3 if name == ".shstrtab" else 1  # string table, else program data
+        offset = 64 + len(body)
         headers.append(
-            struct.pack("<IIQQQQIIQQ", name_at, 1, 0, 0, offset, len(body), 0, 0, 1, 0)
+            struct.pack(
+                "<IIQQQQIIQQ", name_at, kind, 0, 0, offset, len(data), 0, 0, 1, 0
+            )
         )
         name_at += len(name) + 1
-    headers.append(
-        struct.pack(
-            "<IIQQQQIIQQ", name_at, 3, 0, 0, offsets[-1], len(names), 0, 0, 1, 0
-        )
-    )
+        body += data
     header = bytearray(64)
     header[:4] = b"\x7fELF"
-    struct.pack_into("<Q", header, 0x28, table)
+    struct.pack_into("<Q", header, 0x28, 64 + len(body))
     struct.pack_into("<HHH", header, 0x3A, 64, len(headers), len(headers) - 1)
-    return bytes(header) + data + b"".join(headers)
+    return bytes(header) + body + b"".join(headers)
 
 
 def test_code_hash_reads_the_machine_code_alone(tmp_path):
