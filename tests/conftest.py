@@ -109,9 +109,15 @@ def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
 def forget_kernels():
     """Drop the kernels built so far and the layers' launch plans, so the next call
     builds them again (from what a test has patched: mx.fast, the launch constants)."""
-    from mlx_lm_turbo.kernels import decode_attention, decode_attention_simd, encode
+    from mlx_lm_turbo.kernels import (
+        decode_attention,
+        decode_attention_simd,
+        encode,
+        prefill_attention,
+    )
 
     decode_attention.forget_kernels()
+    prefill_attention._kernel.cache_clear()
     decode_attention_simd.kernels.cache_clear()
     encode._kernel.cache_clear()
 
@@ -125,12 +131,12 @@ def _kernels_on_cpu(monkeypatch, backend):
     if sys.platform != "linux" or gpu_on_cpu.COMPILER is None:
         pytest.skip("needs a GPU, or Linux and g++ to run the kernels on the CPU")
     from mlx_lm_turbo.cache import attention
-    from mlx_lm_turbo.kernels import decode_attention, dispatch, encode
+    from mlx_lm_turbo.kernels import decode_attention, dispatch, encode, prefill_attention
 
     forget_kernels()
     monkeypatch.setattr(mx.fast, "cuda_kernel", gpu_on_cpu.cuda_kernel)
     monkeypatch.setattr(mx.fast, "metal_kernel", gpu_on_cpu.metal_kernel)
-    for module in (attention, decode_attention, encode, dispatch):
+    for module in (attention, decode_attention, encode, dispatch, prefill_attention):
         monkeypatch.setattr(module, "gpu_backend", lambda: backend)
     yield
     forget_kernels()

@@ -40,9 +40,15 @@ struct __nv_bfloat16 {
 struct __half2 {
   __half x, y;
 };
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
 inline float __half2float(__half h) { return gpu_on_cpu::half_to_float(h.bits); }
 inline __half __float2half(float x) { return __half{gpu_on_cpu::float_to_half(x)}; }
 inline __half2 __floats2half2_rn(float lo, float hi) { return {__float2half(lo), __float2half(hi)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+  return {__nv_bfloat16{gpu_on_cpu::float_to_bf16(lo)}, __nv_bfloat16{gpu_on_cpu::float_to_bf16(hi)}};
+}
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline float __bfloat162float(__nv_bfloat16 h) { return gpu_on_cpu::bf16_to_float(h.bits); }
@@ -145,12 +151,16 @@ inline uint32_t load_shared(uint32_t address) {
 // mma.sync.m16n8k16.row.col.f32.f16.f16.f32, by PTX's fragment layout: lane 4g + t
 // holds A's rows g and g + 8 at columns 2t, 2t + 1 (and + 8), B's column g at rows
 // 2t, 2t + 1 (and + 8), D's rows g and g + 8 at columns 2t, 2t + 1.
+template <bool BF16 = false>
 inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   using namespace gpu_on_cpu;
   Warp& w = my_warp();
   const int lane = current->lane;
   const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  for (int i = 0; i < 12; ++i) w.mma[lane][i] = __half2float(__half{uint16_t(mine[i / 2] >> (16 * (i & 1)))});
+  for (int i = 0; i < 12; ++i) {
+    const uint16_t bits = uint16_t(mine[i / 2] >> (16 * (i & 1)));
+    w.mma[lane][i] = BF16 ? bf16_to_float(bits) : half_to_float(bits);
+  }
   arrive(w.group);
   // register reg's half k & 1 of lane `from`
   auto A = [&](int row, int k) { return w.mma[4 * (row % 8) + (k % 8) / 2][2 * ((row >= 8) + 2 * (k >= 8)) + (k & 1)]; };
@@ -164,6 +174,32 @@ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32
   }
   arrive(w.group);
 }
+
+inline void mma_16816_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma_16816<true>(d, a, b0, b1);
+}
+
+// ldmatrix: every lane's row address, exchanged as the warp's shuffles are.
+template <bool TRANS>
+inline void ldmatrix_rows(uint32_t (&r)[4], uint32_t address) {
+  using namespace gpu_on_cpu;
+  const int lane = current->lane, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    if (!TRANS) {
+      const uint32_t row = exchange(address, 8 * i + g);
+      r[i] = load_shared(row + 4 * t);
+    } else {
+      const uint32_t lo_row = exchange(address, 8 * i + 2 * t);
+      const uint32_t hi_row = exchange(address, 8 * i + 2 * t + 1);
+      uint16_t lo, hi;
+      std::memcpy(&lo, shared_host(lo_row + 2 * g), 2);
+      std::memcpy(&hi, shared_host(hi_row + 2 * g), 2);
+      r[i] = uint32_t(lo) | uint32_t(hi) << 16;
+    }
+  }
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) { ldmatrix_rows<false>(r, address); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) { ldmatrix_rows<true>(r, address); }
 
 inline void cp_async16_at(uint32_t address, const void* global) {
   std::memcpy(shared_host(address), global, 16);

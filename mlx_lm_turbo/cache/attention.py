@@ -21,7 +21,11 @@ import mlx.core as mx
 
 from ..codec.codec import dequantize_rotated, split_rows
 from ..compat import check_mlx_lm_version
-from ..kernels import fused_decode_and_encode, fused_decode_attention
+from ..kernels import (
+    fused_decode_and_encode,
+    fused_decode_attention,
+    fused_prefill_attention,
+)
 from ..kernels.dispatch import gpu_backend
 from .view import TurboKV
 
@@ -79,6 +83,9 @@ def turbo_scaled_dot_product_attention(
         cache.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on a GPU: straight from the packed codes
+        return fused
+    fused = fused_prefill_attention(queries, kv, scale, mask, sinks)
+    if fused is not None:  # a prefill chunk on MLX-CUDA: flash attention
         return fused
     if one_pass_decode(queries, kv, sinks):
         return one_pass_decode_attention(queries, kv, scale, mask)

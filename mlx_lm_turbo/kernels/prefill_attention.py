@@ -1,0 +1,236 @@
+"""Attention of a prefill chunk over a compressed cache at the tensor cores' speed
+(MLX-CUDA).
+
+Computes what the portable path of ``attention.turbo_scaled_dot_product_attention``
+computes from the same ``TurboKV`` (its reference in the tests): the history is
+dequantized into the attention domain in segments of at most
+``WORKSPACE_BYTES`` (one MLX op per segment, the sink tokens written exactly at
+their positions), and ``prefill_attention.cu`` runs flash attention over each
+segment and then the exact tail, applying the view's rule of which keys a query
+reads exactly (its window) by position, with no mask array. A segment's launch
+hands its running (output, max, sum) to the next, so a layer's transient memory is
+one segment's keys and values plus the chunk's float32 running output, whatever the
+context, and the cache never holds an fp16 copy of its history.
+"""
+
+from functools import lru_cache
+
+import mlx.core as mx
+
+from .decode_attention import C_TYPES, constants_header
+from .dispatch import cuda_kernel, gpu_backend, included, use_kernel
+
+WARPS = 4  # 16 query rows a warp: 64 queries a block
+# A segment of dequantized history: 256 MiB of keys and values (64K tokens of 8 KV
+# heads of 128 dims in fp16).
+WORKSPACE_BYTES = 256 << 20
+# A window of None: no query position minus this reaches a key.
+_NO_WINDOW = 1 << 30
+INPUTS = ("q", "ka", "va", "kb", "vb", "state_o", "state_ml", "params", "scale")
+OUTPUTS = ("out", "o_out", "ml_out")
+
+
+def call_support(queries, kv, mask, sinks=None):
+    """Why the kernel does not take this call; None if it does."""
+    if queries.shape[2] < 2:
+        return "a decode step"
+    if queries.dtype not in (mx.float16, mx.bfloat16):
+        return f"{queries.dtype} queries (the tensor cores take float16, bfloat16)"
+    if kv.pending is not None:
+        return "a token not encoded yet"
+    if isinstance(mask, mx.array):
+        return "an array mask"
+    if mask is not None and mask != "causal":
+        return f"mask {mask!r}"
+    if sinks is not None:
+        return "attention-sink logits"
+    if kv.new_keys is None:
+        return "no exact tail"
+    B = queries.shape[0]
+    if kv.stored[0].shape[0] != B:
+        return "stored rows not one a sequence"
+    return None
+
+
+def fused_prefill_attention(queries, kv, scale, mask, sinks=None):
+    """The kernel's output for this call (in the model's domain, as the portable path
+    returns it), or None where the portable path runs."""
+    if (
+        gpu_backend() != "cuda"
+        or not use_kernel(kv.codec)
+        or call_support(queries, kv, mask, sinks) is not None
+    ):
+        return None
+    return prefill_attention(queries, kv, scale, mask)
+
+
+def segment_tokens(codec, batch, dtype):
+    """Tokens of history dequantized at once: ``WORKSPACE_BYTES`` of keys and values."""
+    per_token = batch * codec.n_kv_heads * (codec.key_dim + codec.value_dim)
+    return max(64, WORKSPACE_BYTES // (per_token * dtype.size))
+
+
+def prefill_attention(queries, kv, scale, mask):
+    """The launches for a call ``call_support`` accepts (on any backend whose
+    ``mx.fast.cuda_kernel`` runs them: the tests run them on the CPU)."""
+    codec = kv.codec
+    B, Hq, L, D = queries.shape
+    Hkv = codec.n_kv_heads
+    n_tokens = kv.shape[2]
+    n_exact = kv.new_keys.shape[2]
+    e0 = n_tokens - n_exact
+    window = _NO_WINDOW if kv.window is None else kv.window
+    # Keys any query reads from the compressed store: those before the exact tail, and
+    # those past every window (the last query's).
+    history = min(max(e0, n_tokens - window), n_tokens)
+    q = mx.contiguous(codec.prepare_queries(queries))
+    kb = mx.contiguous(kv.new_keys.astype(q.dtype))
+    vb = mx.contiguous(kv.new_values.astype(q.dtype))
+    scale_in = mx.array([scale], mx.float32)
+    step = segment_tokens(codec, B, q.dtype)
+    starts = list(range(0, history, step)) or [None]
+    state = None
+    for start in starts:
+        final = start is None or start + step >= history
+        if start is None:
+            ka = va = None
+            a0 = na = 0
+        else:
+            a0, na = start, min(step, history - start)
+            ka, va = _history(codec, kv, a0, na, q.dtype)
+        params = mx.array(
+            [n_tokens, L, window, e0, a0, na, n_exact, mask is not None, Hq, Hkv],
+            mx.int32,
+        )
+        outputs = _launch(
+            q,
+            ka,
+            va,
+            kb if final else None,
+            vb if final else None,
+            state,
+            params,
+            scale_in,
+            final,
+        )
+        state = outputs
+    return codec.restore_output(state[0])
+
+
+def _history(codec, kv, start, count, dtype):
+    """Stored tokens [start, start + count) dequantized in ``dtype``, the sink tokens
+    among them exact. The slice reaches one token further (there always is one: the
+    exact tail's last token is read from the tail alone), whose slot takes the sink
+    tokens of other segments."""
+    stored = tuple(a[:, :, start : start + count + 1] for a in kv.stored)
+    keys, values = codec.decode(stored)
+    keys, values = keys.astype(dtype), values.astype(dtype)
+    if kv.sinks is not None:
+        sink_keys, sink_values, positions = kv.sinks
+        inside = (positions >= start) & (positions < start + count)
+        slots = mx.where(inside, positions - start, count)
+        keys, values = (
+            _put_tokens(a, sink.astype(dtype), slots)
+            for a, sink in ((keys, sink_keys), (values, sink_values))
+        )
+    return mx.contiguous(keys[:, :, :count]), mx.contiguous(values[:, :, :count])
+
+
+def _put_tokens(dense, tokens, slots):
+    B, H, _, D = dense.shape
+    index = mx.broadcast_to(slots, (B, H, slots.shape[2], D))
+    tokens = mx.broadcast_to(tokens, (B, H, *tokens.shape[2:]))
+    return mx.put_along_axis(dense, index, tokens, axis=2)
+
+
+def _launch(q, ka, va, kb, vb, state, params, scale, final):
+    B, Hq, L, D = q.shape
+    has_a, has_b = ka is not None, kb is not None
+    kernel = _kernel(
+        q.dtype,
+        D,
+        has_a,
+        has_b,
+        state is not None,
+        final,
+    )
+    given = {"q": q, "params": params, "scale": scale}
+    if has_a:
+        given.update(ka=ka, va=va)
+    if has_b:
+        given.update(kb=kb, vb=vb)
+    if state is not None:
+        given.update(state_o=state[0], state_ml=state[1])
+    names = [n for n in INPUTS if n in given]
+    block_queries = 16 * WARPS
+    if final:
+        shapes, dtypes = [q.shape], [q.dtype]
+    else:
+        shapes, dtypes = [q.shape, (B, Hq, L, 2)], [mx.float32, mx.float32]
+    return kernel(
+        inputs=[given[n] for n in names],
+        grid=(-(-L // block_queries) * 32 * WARPS, Hq, B),
+        threadgroup=(32 * WARPS, 1, 1),
+        output_shapes=shapes,
+        output_dtypes=dtypes,
+    )
+
+
+def block_keys(head_dim):
+    """Keys a tile holds: two tiles (keys and values) in 32 KiB of shared memory."""
+    return 32 if head_dim > 128 else 64
+
+
+@lru_cache(maxsize=None)
+def _kernel(dtype, head_dim, has_a, has_b, state_in, final):
+    T = C_TYPES[str(dtype).split(".")[-1]]
+    present = {"q", "params", "scale"}
+    if has_a:
+        present |= {"ka", "va"}
+    if has_b:
+        present |= {"kb", "vb"}
+    if state_in:
+        present |= {"state_o", "state_ml"}
+    outputs = ["out"] if final else ["o_out", "ml_out"]
+    absent = "".join(
+        f"__device__ {'const ' if n in INPUTS else ''}{_type(n, T)}* const {n} = nullptr;\n"
+        for n in (*INPUTS, *OUTPUTS)
+        if n not in present and n not in outputs
+    )
+    constants = (
+        ("D", head_dim),
+        ("BN", block_keys(head_dim)),
+        ("WARPS", WARPS),
+    )
+    header = (
+        f"using T = {T};\n"
+        + constants_header(constants)
+        + f"constexpr bool IS_BF16 = {str(dtype == mx.bfloat16).lower()};\n"
+        + "".join(
+            f"constexpr bool {name} = {str(value).lower()};\n"
+            for name, value in (
+                ("HAS_A", has_a),
+                ("HAS_B", has_b),
+                ("STATE_IN", state_in),
+                ("FINAL", final),
+            )
+        )
+        + absent
+        + included("common.cuh")
+    )
+    names = [n for n in INPUTS if n in present]
+    return cuda_kernel(
+        "turbo_prefill_attention",
+        names,
+        outputs,
+        included("prefill_attention.cu"),
+        header=header,
+    )
+
+
+def _type(name, T):
+    if name in ("state_o", "state_ml", "scale", "o_out", "ml_out"):
+        return "float"
+    if name == "params":
+        return "int32_t"
+    return T
