@@ -14,7 +14,7 @@ from mlx_lm.utils import _get_classes
 from test_cli import _free_port, run
 
 import mlx_lm_turbo.settings as settings
-from mlx_lm_turbo import parse_scheme
+from mlx_lm_turbo import make_prompt_cache, parse_scheme
 from mlx_lm_turbo.errors import UsageError
 
 LLAMA_HD16 = dict(
@@ -185,13 +185,17 @@ def test_server_check_names_a_model_it_cannot_load(tmp_path):
         check_server(args, settings.Settings(parse_scheme("turbo4")))
 
 
-def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, capsys):
+def test_one_check_refuses_a_head_dim_without_codebook_everywhere(
+    tiny_model, monkeypatch, capsys
+):
+    # generate, doctor and the Python API refuse it before printing or building anything
     monkeypatch.setitem(tiny_models.CONFIGS, "llama_hd16", LLAMA_HD16)
+    path = str(tiny_model("llama_hd16"))
     status = run_main(
         monkeypatch,
         "mlx_lm.generate",
         "--model",
-        tiny_model("llama_hd16"),
+        path,
         "--prompt",
         "hi",
         "--max-tokens",
@@ -199,7 +203,15 @@ def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, cap
         "--kv-scheme",
         "turbo4",
     )
-    assert status == 2 and "no codebook for head_dim=16" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 2 and "no codebook for head_dim=16" in err
+    assert "KV caches" not in err
+    assert exit_status(["doctor", "--model", path, "--kv-scheme", "turbo3"]) == 1
+    assert "refused: TurboQuant has no codebook for head_dim=16" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(UsageError, match="no codebook for head_dim=16"):
+        make_prompt_cache(model_from_config(LLAMA_HD16), "turbo4")
 
 
 # -- prompt-cache files ------------------------------------------------------------
@@ -211,8 +223,6 @@ def saved_caches(tiny_model, tmp_path_factory):
     caches, one still in its uncompressed start, and gpt_oss's, whose sliding layers are rings."""
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import save_prompt_cache
-
-    from mlx_lm_turbo import make_prompt_cache
 
     root = tmp_path_factory.mktemp("prompt-caches")
     files = {}

@@ -7,7 +7,7 @@ from ..cache.cache import check_recent_exact, register_cache_classes
 from ..codec.schemes import parse_scheme
 from ..errors import UnsupportedModelError, UsageError
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from .adapters import mlx_make_prompt_cache, model_type_of
+from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
 from .manager import adapter_for
 from .registry import registry
 
@@ -65,7 +65,30 @@ def plan(
         layer_schemes,
         override["sources"],
     )
+    _check_head_dims(model, layers)
     return adapter, caches, layers, override
+
+
+def _check_head_dims(model, layers):
+    """Refuse a compressed layer whose head dims have no codebook, or no fused kernel
+    where MLX_LM_TURBO_KERNEL=on: before anything is built or printed."""
+    from ..codec.codebooks import check_head_dim
+    from ..kernels.dispatch import KERNEL_ENV, kernel_mode, layer_support
+
+    dims = head_dims(model)
+    for p in layers if dims else ():
+        if p.scheme is None or dims[p.index] is None:
+            continue
+        key_dim, value_dim = dims[p.index]
+        if p.scheme.key_bits:
+            check_head_dim(key_dim)
+        check_head_dim(value_dim)
+        why_not = kernel_mode() == "on" and layer_support(key_dim, value_dim)
+        if why_not:
+            raise UsageError(
+                f"{KERNEL_ENV}=on, but the fused kernels cannot run for cache entry "
+                f"{p.index}: {why_not}. Unset it (or set {KERNEL_ENV}=auto)."
+            )
 
 
 def _check_fits_model(

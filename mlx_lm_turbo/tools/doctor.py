@@ -195,8 +195,8 @@ def main(argv=None):
         print(
             f"  adapter: {adapter.name}; overrides applied: {', '.join(override['sources']) or 'none'}\n"
         )
-        from ..attach.preflight import head_dims
         from ..kernels.dispatch import layer_support
+        from ..plugin.adapters import head_dims
 
         dims = head_dims(model) or [None] * len(layers)
         print("| cache entry | kind | scheme | why | decode attention |")
