@@ -254,13 +254,14 @@ def saved_caches(tiny_model, tmp_path_factory):
 
 def damaged(source, target, edit, metadata_edit=None):
     """A copy of a prompt-cache file with ``edit(arrays, meta_of, set_meta)`` applied to its raw
-    contents and ``metadata_edit`` to its file metadata."""
+    contents and ``metadata_edit`` to its file metadata (None deletes a key)."""
     import json
 
     import mlx.core as mx
 
     arrays, metadata = mx.load(str(source), return_metadata=True)
     metadata.update(metadata_edit or {})
+    metadata = {k: v for k, v in metadata.items() if v is not None}
 
     def meta_of(entry):
         return json.loads("".join(map(chr, arrays[f"{entry}.0"].tolist())))
@@ -290,6 +291,21 @@ def _set(entry, **fields):
     import json
 
     return edit
+
+
+def _every_entry(**fields):
+    def edit(arrays, meta_of, set_meta):
+        for entry in range(len({k.split(".")[0] for k in arrays})):
+            _set(entry, **fields)(arrays, meta_of, set_meta)
+
+    return edit
+
+
+def _swap_entries(arrays, meta_of, set_meta):
+    one = {k[2:]: arrays.pop(k) for k in list(arrays) if k.startswith("1.")}
+    two = {k[2:]: arrays.pop(k) for k in list(arrays) if k.startswith("2.")}
+    arrays.update({f"1.{k}": a for k, a in two.items()})
+    arrays.update({f"2.{k}": a for k, a in one.items()})
 
 
 def _random_codes(arrays, meta_of, set_meta):
@@ -388,6 +404,41 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
         None,
         "holds caches of class MysteryCache, which neither mlx-lm nor mlx-lm-turbo",
     ),
+    "entries swapped": (
+        "turbo4",
+        _swap_entries,
+        r"cache 1 \(TurboQuantKVCache\) has layer 2, its contents table lists layer 1",
+    ),
+    "seed in every entry": (
+        "turbo4",
+        _every_entry(seed=7, codec_seed=7),
+        r"cache 0 \(TurboQuantKVCache\) has seed 7, its contents table lists seed 0",
+    ),
+    "ring window": (
+        "rings",
+        _set(0, max_size=8),
+        "has max_size 8, its contents table lists max_size 16",
+    ),
+    "key scales of 0": (
+        "turbo4",
+        lambda arrays, *_: arrays.update({"2.2": arrays["2.2"] * 0}),
+        "the key-scale array holds scales that are not positive",
+    ),
+    "rotation signs": (
+        "turbo4",
+        _set(2, codec_signs="bogus"),
+        "its codec's rotation signs 'bogus' are not 'splitmix64'",
+    ),
+    "plain cache state": (
+        "none",
+        lambda arrays, *_: arrays.update({"0.3": arrays["0.0"]}),
+        r"cache 0 \(KVCache\): its state does not make a KVCache \(ValueError\('too many",
+    ),
+    "model path": (
+        "turbo4",
+        None,
+        "its metadata or caches do not match the checksum saved with them",
+    ),
     "uncompressed start offset": (
         "start",
         _set(1, offset=5000),
@@ -406,7 +457,10 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
         saved_caches[source],
         tmp_path / "damaged.safetensors",
         edit,
-        metadata_edit={"1.3": "MysteryCache"} if case == "unknown class" else None,
+        metadata_edit={
+            "unknown class": {"1.3": "MysteryCache"},
+            "model path": {"0.model": "/elsewhere"},
+        }.get(case),
     )
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
@@ -415,17 +469,65 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
 
 
 def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
-    import mlx.core as mx
-
     from mlx_lm_turbo.attach.files import CHECKSUM_KEY, check
+    from mlx_lm_turbo.errors import PromptCacheFileError
 
     for path in saved_caches.values():
+        check(path, with_model=True)
+    # the checksum is required
+    path = damaged(
+        saved_caches["turbo4"],
+        tmp_path / "plain.safetensors",
+        None,
+        metadata_edit={f"0.{CHECKSUM_KEY}": None},
+    )
+    with pytest.raises(PromptCacheFileError, match=f"{path} holds .* no checksum"):
         check(path)
-    # a file saved without the checksum (by plain mlx-lm code) is checked for the rest
-    arrays, metadata = mx.load(str(saved_caches["turbo4"]), return_metadata=True)
-    assert metadata.pop(f"0.{CHECKSUM_KEY}")
-    mx.save_safetensors(str(tmp_path / "plain.safetensors"), arrays, metadata)
-    check(tmp_path / "plain.safetensors")
+
+
+def with_checksum(path):
+    """``path`` rewritten with the checksum of what it holds now (anyone can)."""
+    import mlx.core as mx
+
+    from mlx_lm_turbo.attach.files import CHECKSUM_KEY, checksum, read
+
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    metadata[f"0.{CHECKSUM_KEY}"] = checksum(*read(path))
+    mx.save_safetensors(str(path), arrays, metadata)
+    return path
+
+
+def test_a_file_is_checked_against_its_model_before_use(
+    saved_caches, tiny_model, tmp_path
+):
+    from mlx_lm import load
+    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+    from mlx_lm_turbo.errors import PromptCacheFileError
+
+    other = str(tiny_model("llama_hd80"))
+    path = with_checksum(
+        damaged(
+            saved_caches["turbo4"],
+            tmp_path / "other.safetensors",
+            None,
+            metadata_edit={"0.model": other},
+        )
+    )
+    with pytest.raises(PromptCacheFileError) as info:
+        load_prompt_cache(str(path))
+    assert str(info.value).startswith(
+        f"Prompt-cache file {path} does not fit model {other}: cache 0 holds 2 KV "
+        "heads of dims 128/128, the model's layer 1 of 80/80."
+    )
+    # an entry short, saved so: its own table agrees, the model does not
+    llama = str(tiny_model("llama"))
+    cache = load_prompt_cache(str(saved_caches["turbo4"]))
+    short = str(tmp_path / "short.safetensors")
+    save_prompt_cache(short, cache[:-1], {"model": llama, "tokenizer_config": "{}"})
+    with pytest.raises(PromptCacheFileError, match="holds 5 caches, the model makes 6"):
+        load_prompt_cache(short)
+    load(llama)  # the model itself is fine
 
 
 def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):

@@ -207,7 +207,7 @@ _HEAD_DIMS = {}
 
 
 def head_dims(model):
-    """Per entry of mlx-lm's caches, (key dim, value dim) or None, from one token
+    """Per entry of mlx-lm's caches, (KV heads, key dim, value dim) or None, from one token
     traced lazily (nothing is computed), once per model; None if the model cannot be
     traced so (it needs other inputs: mlx-lm reports that when it runs).
 
@@ -220,7 +220,7 @@ def head_dims(model):
         try:
             model(mx.array([[0]]), cache=caches)
             dims = [
-                (c.keys.shape[3], c.values.shape[3])
+                (c.keys.shape[1], c.keys.shape[3], c.values.shape[3])
                 if getattr(c, "keys", None) is not None
                 else None
                 for c in caches

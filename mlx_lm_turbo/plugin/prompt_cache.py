@@ -79,7 +79,7 @@ def _check_head_dims(model, layers):
     for p in layers if dims else ():
         if p.scheme is None or dims[p.index] is None:
             continue
-        key_dim, value_dim = dims[p.index]
+        _, key_dim, value_dim = dims[p.index]
         if p.scheme.key_bits:
             check_head_dim(key_dim)
         check_head_dim(value_dim)
