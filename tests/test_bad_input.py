@@ -1068,3 +1068,58 @@ def test_an_unverified_metal_kernel_that_fails_its_check_is_refused(
     assert status == 2
     assert "not been verified on Apple GPUs, and on this machine it failed" in err
     assert "Traceback" not in err
+
+
+# -- Python API arguments -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"boundary_skip": "2"}, TypeError, "boundary_skip must be an integer >= 0"),
+        ({"boundary_skip": 2.5}, TypeError, "boundary_skip must be an integer >= 0"),
+        ({"boundary_skip": True}, TypeError, "boundary_skip must be an integer >= 0"),
+        (
+            {"uncompressed_start": "5"},
+            TypeError,
+            "uncompressed_start must be an integer >= 0, got '5'",
+        ),
+        ({"uncompressed_start": 1.5}, TypeError, "uncompressed_start must be"),
+        ({"seed": "x"}, TypeError, "seed must be an integer >= 0, got 'x'"),
+        ({"recent_exact": 0}, ValueError, "recent_exact must be an integer >= 1"),
+        ({"key_calibration": "bogus"}, ValueError, "Unknown key calibration 'bogus'"),
+        (
+            {"layer_schemes": {-1: "turbo8"}},
+            ValueError,
+            r"each layer_schemes key \(a cache entry\) must be an integer >= 0, got -1",
+        ),
+        (
+            {"layer_schemes": {"0": "turbo8"}},
+            TypeError,
+            "each layer_schemes key .* got '0'",
+        ),
+        ({"layer_schemes": ["turbo8"]}, TypeError, "layer_schemes must be a dict"),
+        (
+            {"layer_schemes": {99: "turbo8"}},
+            UsageError,
+            r"The layer_schemes entry 99 is beyond model type 'llama', whose caches are "
+            r"entries 0-5\.",
+        ),
+    ],
+)
+def test_api_arguments_are_checked_at_the_call(options, error, message):
+    model = model_from_config(tiny_models.CONFIGS["llama"])
+    with pytest.raises(error, match=message):
+        make_prompt_cache(model, "turbo4", **options)
+
+
+def test_api_model_and_updates_are_checked_at_the_call():
+    import mlx.core as mx
+
+    from mlx_lm_turbo import TurboQuantKVCache
+
+    with pytest.raises(TypeError, match="model must be a loaded mlx-lm model"):
+        make_prompt_cache(None, "turbo4")
+    empty = mx.zeros((1, 2, 0, 64))
+    with pytest.raises(ValueError, match="at least one token; got"):
+        TurboQuantKVCache("turbo4").update_and_fetch(empty, empty)

@@ -54,6 +54,16 @@ _FP16_MAX = 65504.0
 DEFAULT_KEY_CALIBRATION = "center+query"
 
 
+def check_key_calibration(key_calibration):
+    """``key_calibration`` if it is None (the default) or one of KEY_CALIBRATIONS."""
+    if key_calibration is not None and key_calibration not in KEY_CALIBRATIONS:
+        raise ValueError(
+            f"Unknown key calibration {key_calibration!r}; choose one of "
+            f"{', '.join(KEY_CALIBRATIONS)} (or None: {DEFAULT_KEY_CALIBRATION})."
+        )
+    return key_calibration
+
+
 def quantize_rotated(y: mx.array, bits: int):
     """Rotated vectors (..., d) -> (packed indices, fp16 corrected norms (..., 1))."""
     head_dim = y.shape[-1]
@@ -205,12 +215,9 @@ class TurboCodec:
         if scheme.key_bits:
             check_head_dim(key_dim)
         check_head_dim(value_dim)
+        key_calibration = check_key_calibration(key_calibration)
         if key_calibration is None:
             key_calibration = DEFAULT_KEY_CALIBRATION
-        if key_calibration not in KEY_CALIBRATIONS:
-            raise ValueError(
-                f"Unknown key calibration {key_calibration!r}; choose one of {KEY_CALIBRATIONS}."
-            )
         self.scheme = scheme
         self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
         self.dtype = dtype
