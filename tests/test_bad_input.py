@@ -1123,3 +1123,79 @@ def test_api_model_and_updates_are_checked_at_the_call():
     empty = mx.zeros((1, 2, 0, 64))
     with pytest.raises(ValueError, match="at least one token; got"):
         TurboQuantKVCache("turbo4").update_and_fetch(empty, empty)
+
+
+# -- smaller ones -----------------------------------------------------------------------
+
+
+def test_an_empty_kv_scheme_is_a_usage_error(tiny_model, monkeypatch, capsys):
+    monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo4")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--kv-scheme",
+        "",
+    )
+    assert status == 2
+    assert "--kv-scheme: give a scheme" in capsys.readouterr().err
+
+
+def test_an_overrides_file_may_start_with_a_bom(overrides):
+    from mlx_lm_turbo.plugin.registry import registry
+
+    overrides("\ufeff" + LLAMA + 'scheme = "turbo8"\n')
+    assert registry().resolve("llama")["scheme"] == "turbo8"
+
+
+@pytest.mark.parametrize("glob", ["[*", ""])
+def test_a_path_glob_that_matches_nothing_is_refused(glob, overrides):
+    from mlx_lm_turbo import register_override
+    from mlx_lm_turbo.errors import OverridesFileError
+    from mlx_lm_turbo.plugin.registry import registry
+
+    path = overrides(f'[[override]]\npath = "{glob}"\nscheme = "turbo8"\n')
+    with pytest.raises(OverridesFileError, match=f"Bad entry 0 in {path}: .*no model"):
+        registry()
+    overrides("")
+    with pytest.raises(ValueError, match="would match no model"):
+        register_override(path=glob, scheme="turbo8")
+
+
+def test_bench_input_and_output_errors_are_usage_errors(tmp_path, capsys):
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert exit_status(["bench", "--from-json", str(empty)]) == 2
+    assert "holds no rows" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert exit_status(["bench", "--out", str(taken), "--from-json", str(empty)]) == 2
+    assert f"--out {taken} is a file" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_our_commands_exits_130_quietly(monkeypatch, capsys):
+    from mlx_lm_turbo.tools import demo
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "main", interrupted)
+    assert exit_status(["demo"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_python_m_says_the_console_script_takes_kv_scheme(monkeypatch, capsys):
+    from mlx_lm_turbo.attach import hint_for_python_m
+
+    argv = ["python", "-m", "mlx_lm.generate", "--kv-scheme", "turbo4"]
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    hint_for_python_m()
+    assert "run mlx_lm.generate (or python -m mlx_lm generate)" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "mlx_lm.generate"])
+    hint_for_python_m()
+    assert not capsys.readouterr().err

@@ -231,6 +231,30 @@ def generation_surviving_errors(cls):
     cls._next_request, cls._run_generate = _next_request, _run_generate
 
 
+def hint_for_python_m():
+    """``python -m mlx_lm.generate`` runs the module as ``__main__``, which no import
+    hook sees: its parser never gets ``--kv-scheme``. Say so where a scheme is asked
+    for, before argparse refuses the option or the scheme goes unused."""
+    from .options import ENV_SCHEME
+
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" not in argv[:-1]:
+        return
+    module, *args = argv[argv.index("-m") + 1 :]
+    if module.split(".")[0] != "mlx_lm" or module.rsplit(".", 1)[-1] not in COMMANDS:
+        return
+    asked = [a.split("=")[0] for a in args if a.startswith(("--kv-scheme", "--turbo-"))]
+    if not asked and not os.environ.get(ENV_SCHEME):
+        return
+    command = module.rsplit(".", 1)[-1]
+    print(
+        f"[mlx-lm-turbo] python -m {module} runs the module as __main__, which the "
+        f"plugin cannot attach to, so {asked[0] if asked else '$' + ENV_SCHEME} does "
+        f"nothing there: run mlx_lm.{command} (or python -m mlx_lm {command}) instead.",
+        file=sys.stderr,
+    )
+
+
 def attach(module):
     if not compat.supported():
         from .options import ENV_SCHEME
@@ -239,6 +263,7 @@ def attach(module):
         return
     name = module.__name__
     if name == "mlx_lm.models.cache":
+        hint_for_python_m()
         module.make_prompt_cache = make_prompt_cache_with_plugin(
             module.make_prompt_cache
         )

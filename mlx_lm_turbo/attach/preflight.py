@@ -1,10 +1,11 @@
 """What mlx-lm's server checks before it serves, when a scheme is active.
 
-The server loads its model in its generation thread, and a refusal there (a model
-we do not support, a bad overrides file, a head dim without a codebook) kills that
-thread and leaves a server answering every request with an error. So before
-serving, the model is loaded lazily (no weights are read) and planned (``plan``
-traces one token to learn each layer's head dims).
+The server loads its model in its generation thread, where a refusal (a model we
+do not support, a bad overrides file, a head dim without a codebook) reaches only
+the request that asked for that model (attach/__init__.py); for the model it
+starts with, every request would meet it. So before serving, the model is loaded
+lazily (no weights are read) and planned (``plan`` traces one token to learn each
+layer's head dims), and a refusal ends the command with exit status 2.
 """
 
 import os
