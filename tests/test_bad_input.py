@@ -14,7 +14,7 @@ from mlx_lm.utils import _get_classes
 from test_cli import _free_port, run
 
 import mlx_lm_turbo.settings as settings
-from mlx_lm_turbo import parse_scheme
+from mlx_lm_turbo import make_prompt_cache, parse_scheme
 from mlx_lm_turbo.errors import UsageError
 
 LLAMA_HD16 = dict(
@@ -185,13 +185,17 @@ def test_server_check_names_a_model_it_cannot_load(tmp_path):
         check_server(args, settings.Settings(parse_scheme("turbo4")))
 
 
-def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, capsys):
+def test_one_check_refuses_a_head_dim_without_codebook_everywhere(
+    tiny_model, monkeypatch, capsys
+):
+    # generate, doctor and the Python API refuse it before printing or building anything
     monkeypatch.setitem(tiny_models.CONFIGS, "llama_hd16", LLAMA_HD16)
+    path = str(tiny_model("llama_hd16"))
     status = run_main(
         monkeypatch,
         "mlx_lm.generate",
         "--model",
-        tiny_model("llama_hd16"),
+        path,
         "--prompt",
         "hi",
         "--max-tokens",
@@ -199,7 +203,15 @@ def test_head_dim_without_codebook_is_a_usage_error(tiny_model, monkeypatch, cap
         "--kv-scheme",
         "turbo4",
     )
-    assert status == 2 and "no codebook for head_dim=16" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 2 and "no codebook for head_dim=16" in err
+    assert "KV caches" not in err
+    assert exit_status(["doctor", "--model", path, "--kv-scheme", "turbo3"]) == 1
+    assert "refused: TurboQuant has no codebook for head_dim=16" in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(UsageError, match="no codebook for head_dim=16"):
+        make_prompt_cache(model_from_config(LLAMA_HD16), "turbo4")
 
 
 # -- prompt-cache files ------------------------------------------------------------
@@ -211,8 +223,6 @@ def saved_caches(tiny_model, tmp_path_factory):
     caches, one still in its uncompressed start, and gpt_oss's, whose sliding layers are rings."""
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import save_prompt_cache
-
-    from mlx_lm_turbo import make_prompt_cache
 
     root = tmp_path_factory.mktemp("prompt-caches")
     files = {}
@@ -244,13 +254,14 @@ def saved_caches(tiny_model, tmp_path_factory):
 
 def damaged(source, target, edit, metadata_edit=None):
     """A copy of a prompt-cache file with ``edit(arrays, meta_of, set_meta)`` applied to its raw
-    contents and ``metadata_edit`` to its file metadata."""
+    contents and ``metadata_edit`` to its file metadata (None deletes a key)."""
     import json
 
     import mlx.core as mx
 
     arrays, metadata = mx.load(str(source), return_metadata=True)
     metadata.update(metadata_edit or {})
+    metadata = {k: v for k, v in metadata.items() if v is not None}
 
     def meta_of(entry):
         return json.loads("".join(map(chr, arrays[f"{entry}.0"].tolist())))
@@ -280,6 +291,21 @@ def _set(entry, **fields):
     import json
 
     return edit
+
+
+def _every_entry(**fields):
+    def edit(arrays, meta_of, set_meta):
+        for entry in range(len({k.split(".")[0] for k in arrays})):
+            _set(entry, **fields)(arrays, meta_of, set_meta)
+
+    return edit
+
+
+def _swap_entries(arrays, meta_of, set_meta):
+    one = {k[2:]: arrays.pop(k) for k in list(arrays) if k.startswith("1.")}
+    two = {k[2:]: arrays.pop(k) for k in list(arrays) if k.startswith("2.")}
+    arrays.update({f"1.{k}": a for k, a in two.items()})
+    arrays.update({f"2.{k}": a for k, a in one.items()})
 
 
 def _random_codes(arrays, meta_of, set_meta):
@@ -378,6 +404,41 @@ DAMAGE = {  # case: (saved file, edit, what the message says)
         None,
         "holds caches of class MysteryCache, which neither mlx-lm nor mlx-lm-turbo",
     ),
+    "entries swapped": (
+        "turbo4",
+        _swap_entries,
+        r"cache 1 \(TurboQuantKVCache\) has layer 2, its contents table lists layer 1",
+    ),
+    "seed in every entry": (
+        "turbo4",
+        _every_entry(seed=7, codec_seed=7),
+        r"cache 0 \(TurboQuantKVCache\) has seed 7, its contents table lists seed 0",
+    ),
+    "ring window": (
+        "rings",
+        _set(0, max_size=8),
+        "has max_size 8, its contents table lists max_size 16",
+    ),
+    "key scales of 0": (
+        "turbo4",
+        lambda arrays, *_: arrays.update({"2.2": arrays["2.2"] * 0}),
+        "the key-scale array holds scales that are not positive",
+    ),
+    "rotation signs": (
+        "turbo4",
+        _set(2, codec_signs="bogus"),
+        "its codec's rotation signs 'bogus' are not 'splitmix64'",
+    ),
+    "plain cache state": (
+        "none",
+        lambda arrays, *_: arrays.update({"0.3": arrays["0.0"]}),
+        r"cache 0 \(KVCache\): its state does not make a KVCache \(ValueError\('too many",
+    ),
+    "model path": (
+        "turbo4",
+        None,
+        "its metadata or caches do not match the checksum saved with them",
+    ),
     "uncompressed start offset": (
         "start",
         _set(1, offset=5000),
@@ -396,7 +457,10 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
         saved_caches[source],
         tmp_path / "damaged.safetensors",
         edit,
-        metadata_edit={"1.3": "MysteryCache"} if case == "unknown class" else None,
+        metadata_edit={
+            "unknown class": {"1.3": "MysteryCache"},
+            "model path": {"0.model": "/elsewhere"},
+        }.get(case),
     )
     with pytest.raises(PromptCacheFileError) as info:
         check(path)
@@ -405,17 +469,65 @@ def test_damaged_prompt_cache_file_is_refused_naming_it(case, saved_caches, tmp_
 
 
 def test_good_prompt_cache_files_pass(saved_caches, tmp_path):
-    import mlx.core as mx
-
     from mlx_lm_turbo.attach.files import CHECKSUM_KEY, check
+    from mlx_lm_turbo.errors import PromptCacheFileError
 
     for path in saved_caches.values():
+        check(path, with_model=True)
+    # the checksum is required
+    path = damaged(
+        saved_caches["turbo4"],
+        tmp_path / "plain.safetensors",
+        None,
+        metadata_edit={f"0.{CHECKSUM_KEY}": None},
+    )
+    with pytest.raises(PromptCacheFileError, match=f"{path} holds .* no checksum"):
         check(path)
-    # a file saved without the checksum (by plain mlx-lm code) is checked for the rest
-    arrays, metadata = mx.load(str(saved_caches["turbo4"]), return_metadata=True)
-    assert metadata.pop(f"0.{CHECKSUM_KEY}")
-    mx.save_safetensors(str(tmp_path / "plain.safetensors"), arrays, metadata)
-    check(tmp_path / "plain.safetensors")
+
+
+def with_checksum(path):
+    """``path`` rewritten with the checksum of what it holds now (anyone can)."""
+    import mlx.core as mx
+
+    from mlx_lm_turbo.attach.files import CHECKSUM_KEY, checksum, read
+
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    metadata[f"0.{CHECKSUM_KEY}"] = checksum(*read(path))
+    mx.save_safetensors(str(path), arrays, metadata)
+    return path
+
+
+def test_a_file_is_checked_against_its_model_before_use(
+    saved_caches, tiny_model, tmp_path
+):
+    from mlx_lm import load
+    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+    from mlx_lm_turbo.errors import PromptCacheFileError
+
+    other = str(tiny_model("llama_hd80"))
+    path = with_checksum(
+        damaged(
+            saved_caches["turbo4"],
+            tmp_path / "other.safetensors",
+            None,
+            metadata_edit={"0.model": other},
+        )
+    )
+    with pytest.raises(PromptCacheFileError) as info:
+        load_prompt_cache(str(path))
+    assert str(info.value).startswith(
+        f"Prompt-cache file {path} does not fit model {other}: cache 0 holds 2 KV "
+        "heads of dims 128/128, the model's layer 1 of 80/80."
+    )
+    # an entry short, saved so: its own table agrees, the model does not
+    llama = str(tiny_model("llama"))
+    cache = load_prompt_cache(str(saved_caches["turbo4"]))
+    short = str(tmp_path / "short.safetensors")
+    save_prompt_cache(short, cache[:-1], {"model": llama, "tokenizer_config": "{}"})
+    with pytest.raises(PromptCacheFileError, match="holds 5 caches, the model makes 6"):
+        load_prompt_cache(short)
+    load(llama)  # the model itself is fine
 
 
 def test_unreadable_prompt_cache_files_are_refused(saved_caches, tmp_path):
@@ -956,3 +1068,134 @@ def test_an_unverified_metal_kernel_that_fails_its_check_is_refused(
     assert status == 2
     assert "not been verified on Apple GPUs, and on this machine it failed" in err
     assert "Traceback" not in err
+
+
+# -- Python API arguments -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"boundary_skip": "2"}, TypeError, "boundary_skip must be an integer >= 0"),
+        ({"boundary_skip": 2.5}, TypeError, "boundary_skip must be an integer >= 0"),
+        ({"boundary_skip": True}, TypeError, "boundary_skip must be an integer >= 0"),
+        (
+            {"uncompressed_start": "5"},
+            TypeError,
+            "uncompressed_start must be an integer >= 0, got '5'",
+        ),
+        ({"uncompressed_start": 1.5}, TypeError, "uncompressed_start must be"),
+        ({"seed": "x"}, TypeError, "seed must be an integer >= 0, got 'x'"),
+        ({"recent_exact": 0}, ValueError, "recent_exact must be an integer >= 1"),
+        ({"key_calibration": "bogus"}, ValueError, "Unknown key calibration 'bogus'"),
+        (
+            {"layer_schemes": {-1: "turbo8"}},
+            ValueError,
+            r"each layer_schemes key \(a cache entry\) must be an integer >= 0, got -1",
+        ),
+        (
+            {"layer_schemes": {"0": "turbo8"}},
+            TypeError,
+            "each layer_schemes key .* got '0'",
+        ),
+        ({"layer_schemes": ["turbo8"]}, TypeError, "layer_schemes must be a dict"),
+        (
+            {"layer_schemes": {99: "turbo8"}},
+            UsageError,
+            r"The layer_schemes entry 99 is beyond model type 'llama', whose caches are "
+            r"entries 0-5\.",
+        ),
+    ],
+)
+def test_api_arguments_are_checked_at_the_call(options, error, message):
+    model = model_from_config(tiny_models.CONFIGS["llama"])
+    with pytest.raises(error, match=message):
+        make_prompt_cache(model, "turbo4", **options)
+
+
+def test_api_model_and_updates_are_checked_at_the_call():
+    import mlx.core as mx
+
+    from mlx_lm_turbo import TurboQuantKVCache
+
+    with pytest.raises(TypeError, match="model must be a loaded mlx-lm model"):
+        make_prompt_cache(None, "turbo4")
+    empty = mx.zeros((1, 2, 0, 64))
+    with pytest.raises(ValueError, match="at least one token; got"):
+        TurboQuantKVCache("turbo4").update_and_fetch(empty, empty)
+
+
+# -- smaller ones -----------------------------------------------------------------------
+
+
+def test_an_empty_kv_scheme_is_a_usage_error(tiny_model, monkeypatch, capsys):
+    monkeypatch.setenv("MLX_LM_TURBO_KV_SCHEME", "turbo4")
+    status = run_main(
+        monkeypatch,
+        "mlx_lm.generate",
+        "--model",
+        tiny_model("llama"),
+        "--prompt",
+        "hi",
+        "--kv-scheme",
+        "",
+    )
+    assert status == 2
+    assert "--kv-scheme: give a scheme" in capsys.readouterr().err
+
+
+def test_an_overrides_file_may_start_with_a_bom(overrides):
+    from mlx_lm_turbo.plugin.registry import registry
+
+    overrides("\ufeff" + LLAMA + 'scheme = "turbo8"\n')
+    assert registry().resolve("llama")["scheme"] == "turbo8"
+
+
+@pytest.mark.parametrize("glob", ["[*", ""])
+def test_a_path_glob_that_matches_nothing_is_refused(glob, overrides):
+    from mlx_lm_turbo import register_override
+    from mlx_lm_turbo.errors import OverridesFileError
+    from mlx_lm_turbo.plugin.registry import registry
+
+    path = overrides(f'[[override]]\npath = "{glob}"\nscheme = "turbo8"\n')
+    with pytest.raises(OverridesFileError, match=f"Bad entry 0 in {path}: .*no model"):
+        registry()
+    overrides("")
+    with pytest.raises(ValueError, match="would match no model"):
+        register_override(path=glob, scheme="turbo8")
+
+
+def test_bench_input_and_output_errors_are_usage_errors(tmp_path, capsys):
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    assert exit_status(["bench", "--from-json", str(empty)]) == 2
+    assert "holds no rows" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert exit_status(["bench", "--out", str(taken), "--from-json", str(empty)]) == 2
+    assert f"--out {taken} is a file" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_our_commands_exits_130_quietly(monkeypatch, capsys):
+    from mlx_lm_turbo.tools import demo
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "main", interrupted)
+    assert exit_status(["demo"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_python_m_says_the_console_script_takes_kv_scheme(monkeypatch, capsys):
+    from mlx_lm_turbo.attach import hint_for_python_m
+
+    argv = ["python", "-m", "mlx_lm.generate", "--kv-scheme", "turbo4"]
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    hint_for_python_m()
+    assert "run mlx_lm.generate (or python -m mlx_lm generate)" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "mlx_lm.generate"])
+    hint_for_python_m()
+    assert not capsys.readouterr().err

@@ -16,7 +16,7 @@ from test_cli import BIN
 
 import mlx_lm_turbo.codec.rotation as rotation
 from mlx_lm_turbo import make_prompt_cache
-from mlx_lm_turbo.attach.files import CHECKSUM_KEY
+from mlx_lm_turbo.attach.files import PREVIOUS_CHECKSUM_KEY, previous_checksum, read
 from mlx_lm_turbo.cache.cache import FORMAT_VERSION
 from mlx_lm_turbo.errors import CacheFormatError, UsageError
 
@@ -68,19 +68,20 @@ def test_a_file_saved_by_0_1_0_is_refused_with_the_reason(name, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def with_meta_changed(source, target, change, drop_checksum=False):
+def with_meta_changed(source, target, change, checksummed=False):
     """Copy a saved cache file with each layer's metadata (its state's first leaf, a string
-    stored as character codes) changed by ``change(meta)`` (and without its checksum,
-    as an older version saved it)."""
+    stored as character codes) changed by ``change(meta)`` (and, ``checksummed``, the
+    previous version's checksum made again, as that version would have saved it)."""
     arrays, metadata = mx.load(str(source), return_metadata=True)
-    if drop_checksum:
-        (key,) = [k for k in metadata if k.endswith(CHECKSUM_KEY)]
-        metadata.pop(key)
     for layer in range(len([k for k in metadata if k.startswith("1.")])):
         meta = json.loads("".join(map(chr, arrays[f"{layer}.0"].tolist())))
         change(meta)
         arrays[f"{layer}.0"] = mx.array([ord(c) for c in json.dumps(meta)])
     mx.save_safetensors(str(target), arrays, metadata)
+    if checksummed:
+        _, classes, states = read(target)
+        metadata[f"0.{PREVIOUS_CHECKSUM_KEY}"] = previous_checksum(classes, states)
+        mx.save_safetensors(str(target), arrays, metadata)
     return target
 
 
@@ -145,7 +146,7 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version):
         SAVED_FORMAT_2 / "cache.safetensors",
         tmp_path / "saved.safetensors",
         lambda meta: meta.update(format=version),
-        drop_checksum=version != 2,
+        checksummed=True,
     )
     inputs = mx.load(str(SAVED_FORMAT_2 / "inputs.safetensors"))
     keys, values = inputs["keys"], inputs["values"]

@@ -4,11 +4,14 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
+import tiny_models
 from conftest import count_merges
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import batch_generate
@@ -50,13 +53,13 @@ def test_batch_generate_with_turbo_caches_matches_one_at_a_time(
 
 
 class Server:
-    def __init__(self, model, *args):
+    def __init__(self, model, *args, command=(str(BIN / "mlx_lm.server"),)):
         self.port = _free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
         env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
         self.process = subprocess.Popen(
             [
-                str(BIN / "mlx_lm.server"),
+                *command,
                 "--model",
                 str(model),
                 "--port",
@@ -94,6 +97,12 @@ class Server:
             if line.startswith("data: ") and line != "data: [DONE]"
         ]
         return chunks
+
+    def refusal(self, payload):
+        """(HTTP status, error message) of a request that must be refused."""
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            self.ask("/v1/chat/completions", payload)
+        return refused.value.code, json.loads(refused.value.read())["error"]
 
     def stop(self):
         self.process.terminate()
@@ -276,3 +285,50 @@ def test_prompt_cache_reuse_matches_a_cold_server(tiny_model):
     assert (
         "Prompt Cache: 1 sequences" in log or "Prompt Cache: 2 sequences" in log
     )  # the LRU held turn 1
+
+
+# mlx_lm.server with its first batch step failing: an error inside the generation loop
+# that no check foresaw.
+SERVER_WITH_A_FAULT = """
+import sys
+from mlx_lm.generate import BatchGenerator
+step = BatchGenerator.next
+def next(self, *args, **kwargs):
+    if not getattr(BatchGenerator, "failed", False):
+        BatchGenerator.failed = True
+        raise RuntimeError("injected fault")
+    return step(self, *args, **kwargs)
+BatchGenerator.next = next
+from mlx_lm.server import main
+sys.exit(main())
+"""
+
+
+def test_a_request_that_fails_leaves_the_server_serving_everyone_else(
+    tiny_model, monkeypatch
+):
+    from test_bad_input import LLAMA_HD16
+
+    monkeypatch.setitem(tiny_models.CONFIGS, "llama_hd16", LLAMA_HD16)
+    unservable = str(tiny_model("llama_hd16"))
+    server = Server(
+        tiny_model("llama"),
+        "--kv-scheme",
+        "turbo4",
+        command=(sys.executable, "-c", SERVER_WITH_A_FAULT),
+    )
+    try:
+        with pytest.raises(OSError):  # the request in the failing step fails
+            server.ask("/v1/chat/completions", chat("hello there"))
+        model = server.refusal({**chat("hello"), "model": unservable})
+        draft = server.refusal({**chat("hello"), "draft_model": unservable})
+        served = server.ask("/v1/chat/completions", chat("hello there"))
+    finally:
+        log = server.stop()
+    assert model[0] == draft[0] == 404, log[-3000:]
+    assert f"cannot serve {unservable}" in model[1]
+    assert "no codebook for head_dim=16" in model[1]
+    assert f"draft model {unservable}" in draft[1]
+    assert "no codebook for head_dim=16" in draft[1]
+    assert text_of(served)
+    assert "generation thread died" not in log

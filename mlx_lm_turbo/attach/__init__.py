@@ -15,6 +15,7 @@ codec loads when a scheme is used.
 """
 
 import functools
+import logging
 import os
 import sys
 import weakref
@@ -162,17 +163,96 @@ def run_with_checks(original):
     return run
 
 
-def load_noting_draft_model(original):
-    """The server loads a draft model for a request that names one (or for its
-    --draft-model): caches made while it is loaded are made to be trimmed."""
+def load_checking_models(original):
+    """The server loads the model a request names (and its draft model): one the
+    plugin cannot serve is refused for that request, which gets the reason, and
+    nothing of it stays loaded. Caches made while a draft model is loaded are made
+    to be trimmed."""
 
     @functools.wraps(original)
-    def load(self, *args, **kwargs):
-        loaded = original(self, *args, **kwargs)
-        settings.speculative = self.draft_model is not None
-        return loaded
+    def load(self, model_path, adapter_path=None, draft_model_path=None):
+        try:
+            loaded = original(self, model_path, adapter_path, draft_model_path)
+            settings.speculative = self.draft_model is not None
+            if settings.active is not None and self.draft_model is not None:
+                from .preflight import check_model
+
+                try:
+                    check_model(self.draft_model, settings.active)
+                except UsageError as error:
+                    raise UsageError(
+                        f"draft model {draft_model_path}: {error}"
+                    ) from None
+            return loaded
+        except UsageError as error:
+            self.reset()
+            raise UsageError(
+                f"mlx-lm-turbo cannot serve {model_path} with --kv-scheme "
+                f"{settings.active.scheme.name}: {error}"
+            ) from None
 
     return load
+
+
+def generation_surviving_errors(cls):
+    """mlx-lm's server serves every request from one generation thread, and an error
+    that escapes its loop ends that thread: every later request is then refused. With
+    a scheme active the loop starts again instead, the requests it held getting the
+    error. (Not under mlx.launch: the ranks would have to restart together.)"""
+    run_generate, next_request = cls._run_generate, cls._next_request
+
+    @functools.wraps(next_request)
+    def _next_request(self, *args, **kwargs):
+        request = next_request(self, *args, **kwargs)
+        if request is not None:
+            self.__dict__.setdefault("turbo_held", weakref.WeakSet()).add(request[0])
+        return request
+
+    @functools.wraps(run_generate)
+    def _run_generate(self):
+        if settings.active is None or self._is_distributed:
+            return run_generate(self)
+        while not self._stop:
+            try:
+                return self._generate()
+            except Exception as error:
+                held = list(self.__dict__.pop("turbo_held", ()))
+                if not held:  # no request to tell: as mlx-lm does
+                    logging.exception(f"mlx_lm.server generation thread died: {error}")
+                    self._generation_failed = True
+                    return
+                logging.exception(
+                    f"[mlx-lm-turbo] mlx_lm.server's generation loop failed ({error}); "
+                    f"{len(held)} request(s) in it get the error, and it serves on"
+                )
+                for response_queue in held:
+                    response_queue.put(error)
+
+    cls._next_request, cls._run_generate = _next_request, _run_generate
+
+
+def hint_for_python_m():
+    """``python -m mlx_lm.generate`` runs the module as ``__main__``, which no import
+    hook sees: its parser never gets ``--kv-scheme``. Say so where a scheme is asked
+    for, before argparse refuses the option or the scheme goes unused."""
+    from .options import ENV_SCHEME
+
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" not in argv[:-1]:
+        return
+    module, *args = argv[argv.index("-m") + 1 :]
+    if module.split(".")[0] != "mlx_lm" or module.rsplit(".", 1)[-1] not in COMMANDS:
+        return
+    asked = [a.split("=")[0] for a in args if a.startswith(("--kv-scheme", "--turbo-"))]
+    if not asked and not os.environ.get(ENV_SCHEME):
+        return
+    command = module.rsplit(".", 1)[-1]
+    print(
+        f"[mlx-lm-turbo] python -m {module} runs the module as __main__, which the "
+        f"plugin cannot attach to, so {asked[0] if asked else '$' + ENV_SCHEME} does "
+        f"nothing there: run mlx_lm.{command} (or python -m mlx_lm {command}) instead.",
+        file=sys.stderr,
+    )
 
 
 def attach(module):
@@ -183,6 +263,7 @@ def attach(module):
         return
     name = module.__name__
     if name == "mlx_lm.models.cache":
+        hint_for_python_m()
         module.make_prompt_cache = make_prompt_cache_with_plugin(
             module.make_prompt_cache
         )
@@ -197,7 +278,8 @@ def attach(module):
         module.main = main_with_plugin(module.main)
     if name == "mlx_lm.server":
         module.run = run_with_checks(module.run)
-        module.ModelProvider.load = load_noting_draft_model(module.ModelProvider.load)
+        module.ModelProvider.load = load_checking_models(module.ModelProvider.load)
+        generation_surviving_errors(module.ResponseGenerator)
     if name == "mlx_lm.perplexity":
         from .perplexity import eval_ppl_with_plugin
 

@@ -5,8 +5,12 @@ loader, metadata that disagrees with the arrays fails deep inside a cache, and
 NaN norms or a wrong offset run and produce garbage. Here every TurboQuant cache
 entry is checked against its own metadata (scheme, dims, dtypes, offsets, finite
 values) and a bad file is refused with one message naming it and what is wrong.
-Corrupted codes look like any others, so saving adds a CRC-32 of the TurboQuant
-entries to the file's metadata and loading compares it.
+Corrupted codes look like any others, so saving adds a CRC-32 of the whole file (its
+metadata, the model it was made for included, and every entry) and a table of each
+TurboQuant entry's layer and shape facts; loading requires the checksum, compares the
+entries with the table, and a file that names its model directory with that model.
+Files of the previous version (a checksum of the TurboQuant entries alone, no table)
+are still read.
 """
 
 import json
@@ -15,17 +19,19 @@ import sys
 import zlib
 
 import mlx.core as mx
-from mlx.utils import tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from ..cache.cache import check_format
 from ..codec.packing import packed_words
+from ..codec.rotation import SIGNS
 from ..codec.schemes import parse_scheme
 from ..errors import PromptCacheFileError, UsageError
 
 TURBO_CLASSES = ("TurboQuantKVCache", "TurboQuantRotatingKVCache")
-CHECKSUM_KEY = (
-    "mlx_lm_turbo_crc32"  # in the file's metadata (no dots: mlx-lm nests on them)
-)
+# In the file's metadata (no dots: mlx-lm nests on them).
+CHECKSUM_KEY = "mlx_lm_turbo_checksum"
+CONTENTS_KEY = "mlx_lm_turbo_contents"
+PREVIOUS_CHECKSUM_KEY = "mlx_lm_turbo_crc32"  # the previous version's
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 _CACHE_META = {
     "scheme": str,
@@ -83,18 +89,56 @@ def read(file_name):
     return metadata, classes, states
 
 
-def checksum(classes, states):
-    """CRC-32 of the TurboQuant entries' states (metadata and arrays, in order)."""
+def _crc(leaves, crc=0):
+    for leaf in leaves:
+        if isinstance(leaf, (bool, int, float)):  # as mlx-lm saves them
+            leaf = mx.array(leaf)
+        if isinstance(leaf, mx.array):
+            crc = zlib.crc32(memoryview(leaf.reshape(-1).view(mx.uint8)), crc)
+        elif isinstance(leaf, str):
+            crc = zlib.crc32(leaf.encode(), crc)
+    return crc
+
+
+def previous_checksum(classes, states):
+    """The previous version's CRC-32: the TurboQuant entries' arrays and strings."""
     crc = 0
     for name, state in zip(classes, states):
-        if name not in TURBO_CLASSES:
-            continue
-        for leaf in state:
-            if isinstance(leaf, mx.array):
-                crc = zlib.crc32(memoryview(mx.contiguous(leaf).view(mx.uint8)), crc)
-            elif isinstance(leaf, str):
-                crc = zlib.crc32(leaf.encode(), crc)
+        if name in TURBO_CLASSES:
+            crc = _crc((a for a in state if isinstance(a, (mx.array, str))), crc)
     return f"{crc:08x}"
+
+
+def checksum(metadata, classes, states):
+    """CRC-32 of the file's metadata (but the checksum), cache classes and states."""
+    text = json.dumps(
+        {k: v for k, v in metadata.items() if k != CHECKSUM_KEY}, sort_keys=True
+    )
+    leaves = [leaf for _, leaf in tree_flatten(list(states))]
+    return f"{_crc([text, *classes, *leaves]):08x}"
+
+
+_FACTS = ("layer", "scheme", "seed", "offset", "max_size", "keep")
+_CODEC_FACTS = ("n_kv_heads", "key_dim", "value_dim")
+
+
+def contents(classes, states):
+    """Per entry, None, or a TurboQuant entry's facts: its layer, scheme, seed, offset,
+    a ring's size and, once compressed, its heads and head dims."""
+    table = []
+    for name, state in zip(classes, states):
+        if name not in TURBO_CLASSES:
+            table.append(None)
+            continue
+        meta = json.loads(state[0])
+        codec = json.loads(meta["codec"]) if meta["codec"] else {}
+        table.append(
+            {
+                **{k: meta[k] for k in _FACTS if k in meta},
+                **{k: codec[k] for k in _CODEC_FACTS if k in codec},
+            }
+        )
+    return table
 
 
 def _meta(text, fields, what):
@@ -206,6 +250,11 @@ def check_entry(class_name, state):
             raise _Bad(f"its codec's {name}={codec[name]} has no codebook")
     if codec["n_kv_heads"] < 1:
         raise _Bad("its codec has no KV heads")
+    if codec.get("signs") != SIGNS:
+        raise _Bad(
+            f"its codec's rotation signs {codec.get('signs')!r} are not {SIGNS!r}, "
+            "the only ones this version knows"
+        )
     tokens = _check_stored(scheme, codec, dtype, stored, meta)
     _check_tokens(meta, tokens, rotating)
     heads, key_dim, value_dim = (
@@ -218,6 +267,8 @@ def check_entry(class_name, state):
             _array(
                 a, f"the {name} array", (None, heads, key_dim), mx.float32, finite=True
             )
+    if scheme.key_bits and scale is not None and not (scale > 0).all().item():
+        raise _Bad("the key-scale array holds scales that are not positive")
     if sink_keys is not None:
         _array(
             sink_keys,
@@ -367,8 +418,10 @@ def _check_tokens(meta, tokens, rotating):
         raise _Bad(f"its offset is {offset} but it stores {tokens} tokens")
 
 
-def check(file_name):
-    """Refuse a file whose TurboQuant entries disagree with their metadata or checksum."""
+def check(file_name, with_model=False):
+    """Refuse a file whose entries disagree with their metadata, the file's contents
+    table or its checksum; ``with_model``: or with the model directory its metadata
+    names (mlx_lm.cache_prompt's "model"; a hub id is not fetched)."""
     import mlx_lm.models.cache as mlx_cache  # where mlx-lm's loader looks cache classes up
 
     metadata, classes, states = read(file_name)
@@ -384,32 +437,129 @@ def check(file_name):
             f"Prompt-cache file {file_name} holds caches of class {', '.join(map(str, unknown))}, which neither "
             "mlx-lm nor mlx-lm-turbo provides (a newer version or another plugin may have written it)."
         )
+
+    def damaged(what):
+        return PromptCacheFileError(
+            f"Prompt-cache file {file_name} is damaged: {what}. Make it again with "
+            "mlx_lm.cache_prompt."
+        )
+
     for i, (name, state) in enumerate(zip(classes, states)):
         if name in TURBO_CLASSES:
             try:
                 check_entry(name, state)
             except _Bad as bad:
-                raise PromptCacheFileError(
-                    f"Prompt-cache file {file_name} is damaged: cache {i} ({name}): {bad}. "
-                    "Make it again with mlx_lm.cache_prompt."
-                ) from None
-    saved = metadata.get(CHECKSUM_KEY) if isinstance(metadata, dict) else None
-    if saved is not None and saved != checksum(classes, states):
+                raise damaged(f"cache {i} ({name}): {bad}") from None
+            continue
+        try:
+            getattr(mlx_cache, name).from_state(state)
+        except (ValueError, TypeError, KeyError, IndexError) as error:
+            raise damaged(
+                f"cache {i} ({name}): its state does not make a {name} ({error!r})"
+            ) from None
+    if not any(name in TURBO_CLASSES for name in classes):
+        return  # mlx-lm's own caches: mlx-lm's to load
+    if CHECKSUM_KEY in metadata:
+        _check_contents(metadata, classes, states, damaged)
+        if metadata[CHECKSUM_KEY] != checksum(metadata, classes, states):
+            raise damaged(
+                "its metadata or caches do not match the checksum saved with them"
+            )
+    elif PREVIOUS_CHECKSUM_KEY in metadata:  # the previous version: the entries alone
+        if metadata[PREVIOUS_CHECKSUM_KEY] != previous_checksum(classes, states):
+            raise damaged(
+                "its TurboQuant caches do not match the checksum saved with them"
+            )
+    else:
         raise PromptCacheFileError(
-            f"Prompt-cache file {file_name} is damaged: its TurboQuant caches do not match the checksum "
-            "saved with them. Make it again with mlx_lm.cache_prompt."
+            f"Prompt-cache file {file_name} holds TurboQuant caches but no checksum "
+            f"({CHECKSUM_KEY}): it was not saved through mlx-lm-turbo, or the checksum "
+            "was removed. Make it again with mlx_lm.cache_prompt."
         )
+    path = metadata.get("model")
+    if with_model and isinstance(path, str) and os.path.isdir(os.path.expanduser(path)):
+        from .preflight import load_model
+
+        model, _ = load_model(path, lazy=True)  # no weights read
+        _check_model(file_name, path, classes, states, model)
+
+
+def _check_contents(metadata, classes, states, damaged):
+    """The entries against the contents table saved with them."""
+    try:
+        table = json.loads(metadata.get(CONTENTS_KEY))
+    except (TypeError, ValueError):
+        raise damaged(f"its contents table ({CONTENTS_KEY}) is missing") from None
+    if not isinstance(table, list) or len(table) != len(classes):
+        listed = len(table) if isinstance(table, list) else "no"
+        raise damaged(
+            f"it holds {len(classes)} caches, its contents table lists {listed}"
+        )
+    for i, (saved, found) in enumerate(zip(table, contents(classes, states))):
+        if saved != found:
+            differ = sorted(
+                k
+                for k in {*(saved or {}), *(found or {})}
+                if (saved or {}).get(k) != (found or {}).get(k)
+            )
+            says = ", ".join(f"{k} {(found or {}).get(k)}" for k in differ)
+            listed = ", ".join(f"{k} {(saved or {}).get(k)}" for k in differ)
+            raise damaged(
+                f"cache {i} ({classes[i]}) has {says or 'other facts'}, its contents "
+                f"table lists {listed or 'none'} (entries moved or edited)"
+            )
+
+
+def _check_model(file_name, path, classes, states, model):
+    """The TurboQuant entries against the caches ``model`` (at ``path``) makes: their
+    count, kinds, ring sizes, heads and head dims."""
+    from ..plugin.adapters import head_dims, mlx_make_prompt_cache
+
+    def wrong(what):
+        return PromptCacheFileError(
+            f"Prompt-cache file {file_name} does not fit model {path}: {what}. "
+            "Make it again with mlx_lm.cache_prompt for this model."
+        )
+
+    caches = mlx_make_prompt_cache(model)
+    if len(caches) != len(classes):
+        raise wrong(f"it holds {len(classes)} caches, the model makes {len(caches)}")
+    dims = head_dims(model) or [None] * len(caches)
+    for i, (facts, cache, shape) in enumerate(
+        zip(contents(classes, states), caches, dims)
+    ):
+        if facts is None:
+            continue
+        kind = type(cache).__name__
+        ring = "max_size" in facts
+        if kind != ("RotatingKVCache" if ring else "KVCache"):
+            raise wrong(f"cache {i} is a {classes[i]}, the model's is a {kind}")
+        if ring and facts["max_size"] != cache.max_size:
+            raise wrong(
+                f"cache {i} keeps a window of {facts['max_size']} tokens, the "
+                f"model's {cache.max_size}"
+            )
+        if shape is not None and "n_kv_heads" in facts:
+            held = (facts["n_kv_heads"], facts["key_dim"], facts["value_dim"])
+            if held != shape:
+                raise wrong(
+                    f"cache {i} holds {held[0]} KV heads of dims {held[1]}/{held[2]}, "
+                    f"the model's layer {shape[0]} of {shape[1]}/{shape[2]}"
+                )
 
 
 def save_prompt_cache(original, file_name, cache, metadata=None, *args, **kwargs):
-    """mlx-lm's ``save_prompt_cache``, with a checksum of the TurboQuant entries in the metadata
-    (other arguments, such as ones a later mlx-lm adds, passed through)."""
+    """mlx-lm's ``save_prompt_cache``, with a contents table and a checksum of the whole
+    file in the metadata where it holds TurboQuant caches (other arguments, such as
+    ones a later mlx-lm adds, passed through)."""
     classes = [type(c).__name__ for c in cache]
     if any(name in TURBO_CLASSES for name in classes):
+        states = [c.state for c in cache]
         metadata = {
             **(metadata or {}),
-            CHECKSUM_KEY: checksum(classes, [c.state for c in cache]),
+            CONTENTS_KEY: json.dumps(contents(classes, states)),
         }
+        metadata[CHECKSUM_KEY] = checksum(metadata, classes, states)
     return original(file_name, cache, metadata, *args, **kwargs)
 
 
@@ -449,7 +599,7 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
     from ..cache.cache import register_cache_classes
 
     register_cache_classes()
-    check(file_name)
+    check(file_name, with_model=True)
     try:
         loaded = original(file_name, *args, **kwargs)
     except UsageError:

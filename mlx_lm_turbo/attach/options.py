@@ -61,6 +61,10 @@ def requested_scheme(typed=None):
         if typed is not None
         else (f"${ENV_SCHEME}", os.environ.get(ENV_SCHEME))
     )
+    if typed is not None and not typed.strip():  # else it would mean none, unseen
+        raise ValueError(
+            "--kv-scheme: give a scheme (turbo4, turbo3, ... or none), not an empty one."
+        )
     try:
         return parse_scheme(text), source
     except ValueError as error:

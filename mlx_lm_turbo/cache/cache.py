@@ -21,7 +21,7 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
-from ..codec.codec import TurboCodec, query_energy
+from ..codec.codec import TurboCodec, check_key_calibration, query_energy
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
@@ -233,27 +233,41 @@ def led_by_recent(recent, keys, values, keep):
     return keys, values, kept
 
 
+def check_integer(name, value, least=0, meaning=""):
+    """``value`` if it is an integer >= ``least``, else TypeError / ValueError naming
+    ``name`` and what it may be."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        error = TypeError
+    elif value < least:
+        error = ValueError
+    else:
+        return value
+    raise error(f"{name} must be an integer >= {least}{meaning}, got {value!r}.")
+
+
 def check_recent_exact(recent_exact):
-    """The window of exactly read keys a cache is asked for, or ValueError."""
-    if (
-        not isinstance(recent_exact, int)
-        or isinstance(recent_exact, bool)
-        or recent_exact < 1
-    ):
-        raise ValueError(
-            f"recent_exact must be an integer >= 1 (1: each query reads only itself and "
-            f"the sink tokens exactly), got {recent_exact!r}."
-        )
-    return recent_exact
+    """The window of exactly read keys a cache is asked for, or TypeError / ValueError."""
+    return check_integer(
+        "recent_exact",
+        recent_exact,
+        1,
+        " (1: each query reads only itself and the sink tokens exactly)",
+    )
 
 
 def _check_keys_values(keys, values):
     if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
         raise TypeError("TurboQuant caches take mx.array keys and values.")
-    if keys.ndim != 4 or values.ndim != 4 or keys.shape[:3] != values.shape[:3]:
+    if (
+        keys.ndim != 4
+        or values.ndim != 4
+        or keys.shape[:3] != values.shape[:3]
+        or not keys.shape[2]
+    ):
         raise ValueError(
             "TurboQuant caches take keys and values shaped (batch, kv_heads, tokens, head_dim) "
-            f"with matching leading dims; got {keys.shape} and {values.shape}."
+            f"with matching leading dims and at least one token; got {keys.shape} and "
+            f"{values.shape}."
         )
 
 
@@ -283,17 +297,16 @@ class _TurboCache(QueryCalibration):
             raise ValueError(
                 "A TurboQuant cache needs a scheme such as 'turbo4', not 'none'."
             )
-        if uncompressed_start < 0:
-            raise ValueError(
-                f"uncompressed_start must be >= 0, got {uncompressed_start}."
-            )
-        self.seed, self.layer = seed, layer
-        self.uncompressed_start = uncompressed_start
+        self.seed = check_integer("seed", seed)
+        self.layer = check_integer("layer", layer)
+        self.uncompressed_start = check_integer(
+            "uncompressed_start", uncompressed_start
+        )
         # Queries before the uncompressed start read every key exactly; those tokens
         # are kept exact for good, so every later query reads them exactly too, however
         # the prompt was chunked (see _compressing).
         self.sink_tokens = max(type(self).sink_tokens, uncompressed_start)
-        self.key_calibration = key_calibration
+        self.key_calibration = check_key_calibration(key_calibration)
         # Each query reads itself and the recent_exact - 1 tokens before it exactly
         # (TurboKV.window), every other key but the sink tokens compressed: ``recent``
         # keeps exact copies of the last recent_exact - 1 tokens, as the model gave

@@ -54,6 +54,16 @@ _FP16_MAX = 65504.0
 DEFAULT_KEY_CALIBRATION = "center+query"
 
 
+def check_key_calibration(key_calibration):
+    """``key_calibration`` if it is None (the default) or one of KEY_CALIBRATIONS."""
+    if key_calibration is not None and key_calibration not in KEY_CALIBRATIONS:
+        raise ValueError(
+            f"Unknown key calibration {key_calibration!r}; choose one of "
+            f"{', '.join(KEY_CALIBRATIONS)} (or None: {DEFAULT_KEY_CALIBRATION})."
+        )
+    return key_calibration
+
+
 def quantize_rotated(y: mx.array, bits: int):
     """Rotated vectors (..., d) -> (packed indices, fp16 corrected norms (..., 1))."""
     head_dim = y.shape[-1]
@@ -65,6 +75,16 @@ def quantize_rotated(y: mx.array, bits: int):
     )
     corrected = mx.minimum(norm / mx.maximum(recon_norm, 1e-30), _FP16_MAX)
     return pack(indices, bits), corrected.astype(mx.float16)
+
+
+def in_dtype(a: mx.array, dtype) -> mx.array:
+    """``a`` in ``dtype``, saturating at float16's largest finite value (NaN stays NaN):
+    a rotation can gather a vector's norm into one coordinate, so vectors finite in
+    float16 may not be once rotated, and one infinite value (0 x inf in attention's
+    weighted sums) would reach rows that give it no weight."""
+    if dtype == mx.float16:
+        a = mx.where(mx.abs(a) > _FP16_MAX, mx.sign(a) * _FP16_MAX, a)
+    return a.astype(dtype)
 
 
 def join_rows(key_codes, key_norms, value_codes, value_norms):
@@ -195,12 +215,9 @@ class TurboCodec:
         if scheme.key_bits:
             check_head_dim(key_dim)
         check_head_dim(value_dim)
+        key_calibration = check_key_calibration(key_calibration)
         if key_calibration is None:
             key_calibration = DEFAULT_KEY_CALIBRATION
-        if key_calibration not in KEY_CALIBRATIONS:
-            raise ValueError(
-                f"Unknown key calibration {key_calibration!r}; choose one of {KEY_CALIBRATIONS}."
-            )
         self.scheme = scheme
         self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
         self.dtype = dtype
@@ -251,6 +268,14 @@ class TurboCodec:
             if valid is None
             else valid[:, None, :, None].astype(mx.float32)
         )
+        # A token's NaN or infinite key (or query) is left out: in the statistics it
+        # would reach every key, the rows that cannot see that token included.
+        finite = mx.isfinite(k).all(axis=-1, keepdims=True)
+        if query_energy is not None:
+            finite = finite & mx.isfinite(query_energy).all(axis=-1, keepdims=True)
+            query_energy = mx.where(finite, query_energy, 0.0)
+        weight = weight * finite
+        k = mx.where(finite, k, 0.0)
         axes = (2,) if per_row else (0, 2)
         count = weight.sum(axis=axes, keepdims=True)
 
@@ -316,7 +341,7 @@ class TurboCodec:
 
     def exact(self, keys: mx.array, values: mx.array):
         """Keys and values in the attention domain, unquantized, in the model dtype."""
-        return tuple(a.astype(self.dtype) for a in self.rotated(keys, values))
+        return tuple(in_dtype(a, self.dtype) for a in self.rotated(keys, values))
 
     def encode(self, keys: mx.array, values: mx.array):
         """(B, H, L, D) keys and values -> (stored arrays, exact rotated keys, values).
@@ -333,7 +358,7 @@ class TurboCodec:
             )
         else:
             stored = (keys, join_rows(None, None, *value_part))
-        return stored, y_keys.astype(self.dtype), y_values.astype(self.dtype)
+        return stored, in_dtype(y_keys, self.dtype), in_dtype(y_values, self.dtype)
 
     def stored_from_arrays(self, arrays):
         """The stored arrays from format 1-2's separate ones (key codes, key norms or

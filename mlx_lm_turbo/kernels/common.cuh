@@ -19,7 +19,11 @@ __device__ __forceinline__ float to_float(bool x) { return x ? 1.0f : 0.0f; }
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+// Saturating, as codec.in_dtype (NaN stays NaN): a rotated coordinate of a vector finite
+// in fp16 may not be.
+template <> __device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half(fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x);
+}
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);
 }

@@ -202,6 +202,36 @@ def whole_model_cache_types(model, caches, max_kv_size=None):
     return _WHOLE_MODEL_LAYOUTS[key]
 
 
+# id(model) -> per cache entry, (key dim, value dim) or None.
+_HEAD_DIMS = {}
+
+
+def head_dims(model):
+    """Per entry of mlx-lm's caches, (KV heads, key dim, value dim) or None, from one token
+    traced lazily (nothing is computed), once per model; None if the model cannot be
+    traced so (it needs other inputs: mlx-lm reports that when it runs).
+
+    Through mlx-lm's caches, not ours: our codebooks and rotations are cached
+    process-wide as lazy arrays, and built on this thread the server's generation
+    thread could not evaluate them (MLX streams belong to a thread).
+    """
+    if id(model) not in _HEAD_DIMS:
+        caches = mlx_make_prompt_cache(model)
+        try:
+            model(mx.array([[0]]), cache=caches)
+            dims = [
+                (c.keys.shape[1], c.keys.shape[3], c.values.shape[3])
+                if getattr(c, "keys", None) is not None
+                else None
+                for c in caches
+            ]
+        except Exception:
+            dims = None
+        _HEAD_DIMS[id(model)] = dims
+        weakref.finalize(model, _HEAD_DIMS.pop, id(model), None)
+    return _HEAD_DIMS[id(model)]
+
+
 def boundary_scheme(scheme: KVScheme) -> KVScheme:
     """The scheme for the first/last attention layers: 8-bit where the scheme has fewer."""
     return KVScheme(

@@ -3,11 +3,11 @@
 from typing import Optional
 
 from ..cache.attention import install_attention_dispatch
-from ..cache.cache import check_recent_exact, register_cache_classes
+from ..cache.cache import check_integer, check_recent_exact, register_cache_classes
 from ..codec.schemes import parse_scheme
 from ..errors import UnsupportedModelError, UsageError
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from .adapters import mlx_make_prompt_cache, model_type_of
+from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
 from .manager import adapter_for
 from .registry import registry
 
@@ -24,11 +24,12 @@ def plan(
     """(adapter, caches mlx-lm would build, per-layer plans) after overrides apply.
 
     ``layer_schemes`` ({cache entry: scheme}) wins over the overrides' per-layer schemes."""
+    _check_model(model)
     scheme = parse_scheme(kv_scheme)
     if scheme is None:
         raise ValueError("plan() needs a TurboQuant scheme, not 'none'.")
-    if boundary_skip < 0:
-        raise ValueError(f"boundary_skip must be >= 0, got {boundary_skip}.")
+    check_integer("boundary_skip", boundary_skip)
+    given = _check_layer_schemes(layer_schemes)
     model_type = model_type_of(model)
     override = registry().resolve(model_type, model_path)
     if "opt_out" in override:
@@ -39,10 +40,7 @@ def plan(
     scheme = parse_scheme(override.get("scheme", scheme))
     layer_schemes = {
         i: parse_scheme(s)
-        for i, s in {
-            **override.get("layer_schemes", {}),
-            **(layer_schemes or {}),
-        }.items()
+        for i, s in {**override.get("layer_schemes", {}), **given}.items()
     }
     skip_from = (
         "an override" if "boundary_skip" in override else "--turbo-boundary-skip"
@@ -64,14 +62,68 @@ def plan(
         skip_from,
         layer_schemes,
         override["sources"],
+        given,
     )
+    _check_head_dims(model, layers)
     return adapter, caches, layers, override
 
 
+def _check_head_dims(model, layers):
+    """Refuse a compressed layer whose head dims have no codebook, or no fused kernel
+    where MLX_LM_TURBO_KERNEL=on: before anything is built or printed."""
+    from ..codec.codebooks import check_head_dim
+    from ..kernels.dispatch import KERNEL_ENV, kernel_mode, layer_support
+
+    dims = head_dims(model)
+    for p in layers if dims else ():
+        if p.scheme is None or dims[p.index] is None:
+            continue
+        _, key_dim, value_dim = dims[p.index]
+        if p.scheme.key_bits:
+            check_head_dim(key_dim)
+        check_head_dim(value_dim)
+        why_not = kernel_mode() == "on" and layer_support(key_dim, value_dim)
+        if why_not:
+            raise UsageError(
+                f"{KERNEL_ENV}=on, but the fused kernels cannot run for cache entry "
+                f"{p.index}: {why_not}. Unset it (or set {KERNEL_ENV}=auto)."
+            )
+
+
+def _check_model(model):
+    import mlx.nn as nn
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a loaded mlx-lm model (mlx_lm.load), got {type(model).__name__}."
+        )
+
+
+def _check_layer_schemes(layer_schemes):
+    """``layer_schemes`` ({cache entry: scheme}, or None) as a dict, or TypeError /
+    ValueError naming what is wrong."""
+    if layer_schemes is None:
+        return {}
+    if not isinstance(layer_schemes, dict):
+        raise TypeError(
+            "layer_schemes must be a dict {cache entry (an integer >= 0): scheme}, got "
+            f"{type(layer_schemes).__name__}."
+        )
+    for i, scheme in layer_schemes.items():
+        check_integer("each layer_schemes key (a cache entry)", i)
+        if not isinstance(scheme, str):
+            raise TypeError(
+                f"layer_schemes[{i}] must be a scheme name such as 'turbo8', got "
+                f"{scheme!r}."
+            )
+    return layer_schemes
+
+
 def _check_fits_model(
-    model_type, layers, boundary_skip, skip_from, layer_schemes, sources
+    model_type, layers, boundary_skip, skip_from, layer_schemes, sources, given
 ):
-    """Refuse settings that name layers the model does not have (they would be silently ignored)."""
+    """Refuse settings that name layers the model does not have (they would be silently
+    ignored); ``given``: the layer_schemes passed in (the rest came from overrides)."""
     attention = sum(p.kind != "state" for p in layers)
     if boundary_skip > attention:
         raise UsageError(
@@ -79,7 +131,11 @@ def _check_fits_model(
             f"layers of model type {model_type!r}; {(attention + 1) // 2} already keeps every one at 8 bits."
         )
     for i in sorted(layer_schemes):
-        where = f"layer_schemes entry {i} of an override ({', '.join(sources)})"
+        where = (
+            f"layer_schemes entry {i}"
+            if i in given
+            else f"layer_schemes entry {i} of an override ({', '.join(sources)})"
+        )
         if i >= len(layers):
             raise UsageError(
                 f"The {where} is beyond model type {model_type!r}, whose caches are "
@@ -115,6 +171,7 @@ def make_prompt_cache(
     (besides the sink tokens); caches with ``recent_exact > 1`` cannot be trimmed.
     ``kv_scheme="none"`` gives mlx-lm's caches.
     """
+    _check_model(model)
     if parse_scheme(kv_scheme) is None:
         return mlx_make_prompt_cache(model, max_kv_size)
     check_recent_exact(recent_exact)

@@ -44,6 +44,15 @@ class Override:
         for s in [self.scheme, *self.layer_schemes.values()]:
             if s is not None:
                 parse_scheme(s)  # fails now, naming the nearest valid scheme
+        # fnmatch reads "" and an unclosed "[" as text to match, which no path is.
+        if self.path is not None and (
+            not self.path or re.search(r"\[(?![^\]]+\])", self.path)
+        ):
+            problem = "is empty" if not self.path else "has a '[' without its ']'"
+            raise ValueError(
+                f"An override's path glob {self.path!r} ({self.source}) {problem}, so it "
+                "would match no model."
+            )
 
     def matches(self, model_type, model_path):
         if self.model_type is not None:
@@ -154,7 +163,7 @@ def _load_toml(registry, path):
     except ImportError:  # Python 3.10
         import tomli as tomllib
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM too
     except (OSError, ValueError) as error:
         raise OverridesFileError(
             f"Cannot read mlx-lm-turbo overrides file {path}: {error}"
@@ -170,7 +179,10 @@ def _load_toml(registry, path):
         problem = _entry_problem(entry)
         if problem:
             raise OverridesFileError(f"Bad entry {i} in {path}: {problem}.")
-        registry.add(source=f"{path} [override {i}]", **entry)
+        try:
+            registry.add(source=f"{path} [override {i}]", **entry)
+        except ValueError as error:
+            raise OverridesFileError(f"Bad entry {i} in {path}: {error}") from None
 
 
 @lru_cache(maxsize=None)

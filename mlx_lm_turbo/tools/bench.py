@@ -761,11 +761,20 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        parser.error(
+            f"--out {args.out} is a file: give a directory (made if it is missing)."
+        )
     if args.from_json:
         try:
             results = json.loads(Path(args.from_json).read_text())
         except (OSError, ValueError) as error:
             parser.error(f"--from-json: cannot read {args.from_json}: {error}")
+        if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+            parser.error(
+                f"--from-json: {args.from_json} holds no rows; give the results.json "
+                "an earlier bench run wrote."
+            )
         for phase in ("needle", "peak_memory"):  # a run cut off before these phases
             results.setdefault(phase, [])
         write(results, out_dir)

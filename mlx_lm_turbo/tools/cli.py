@@ -59,6 +59,9 @@ def main(argv=None):
         status = _run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()  # a reader gone away shows here, not in Python's final flush
         return status
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as a shell's commands do
+        print(file=sys.stderr)
+        return 128 + 2  # as if killed by SIGINT
     except BrokenPipeError:
         # The reader went away (doctor | head): stop quietly like other Unix tools, and keep
         # Python's final flush of stdout from failing again.

@@ -195,8 +195,8 @@ def main(argv=None):
         print(
             f"  adapter: {adapter.name}; overrides applied: {', '.join(override['sources']) or 'none'}\n"
         )
-        from ..attach.preflight import head_dims
         from ..kernels.dispatch import layer_support
+        from ..plugin.adapters import head_dims
 
         dims = head_dims(model) or [None] * len(layers)
         print("| cache entry | kind | scheme | why | decode attention |")
@@ -204,7 +204,7 @@ def main(argv=None):
         for p in layers:
             path = "-"
             if p.scheme is not None and dims[p.index] is not None:
-                why_not = layer_support(*dims[p.index])
+                why_not = layer_support(*dims[p.index][1:])
                 path = f"portable: {why_not}" if why_not else "fused kernel"
             print(
                 f"| {p.index} | {p.kind} | {p.scheme.name if p.scheme else '-'} | {p.reason} | {path} |"
