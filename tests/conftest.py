@@ -131,7 +131,12 @@ def _kernels_on_cpu(monkeypatch, backend):
     if sys.platform != "linux" or gpu_on_cpu.COMPILER is None:
         pytest.skip("needs a GPU, or Linux and g++ to run the kernels on the CPU")
     from mlx_lm_turbo.cache import attention
-    from mlx_lm_turbo.kernels import decode_attention, dispatch, encode, prefill_attention
+    from mlx_lm_turbo.kernels import (
+        decode_attention,
+        dispatch,
+        encode,
+        prefill_attention,
+    )
 
     forget_kernels()
     monkeypatch.setattr(mx.fast, "cuda_kernel", gpu_on_cpu.cuda_kernel)

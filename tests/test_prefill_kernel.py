@@ -16,8 +16,7 @@ from conftest import outlier_keys, relative_error
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention
-from mlx_lm_turbo.kernels import prefill_attention
+from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention, prefill_attention
 
 TOLERANCE = 2e-3
 BF16_TOLERANCE = 1.5e-2
@@ -32,7 +31,9 @@ def chunk(cache, L, H, G, D, dtype, seed):
     return q, view, mask
 
 
-def compare(monkeypatch, cache, history, L, H=2, G=2, D=64, dtype=mx.float16, step=None):
+def compare(
+    monkeypatch, cache, history, L, H=2, G=2, D=64, dtype=mx.float16, step=None
+):
     """Fill ``history`` tokens in chunks of ``step``, then run a chunk of L queries
     through both paths."""
     step = step or max(history, 1)
@@ -80,3 +81,51 @@ def test_the_first_chunk_and_no_window(monkeypatch):
 def test_history_in_segments(monkeypatch):
     monkeypatch.setattr(prefill_attention, "WORKSPACE_BYTES", 64 * 2 * 2 * 64 * 2)
     compare(monkeypatch, TurboQuantKVCache("turbo4"), 300, 40)
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize(
+    "scheme, H, G, D",
+    [("turbo4", 1, 2, 256), ("turbo2", 1, 4, 128), ("turbo5v3", 4, 1, 64)],
+)
+def test_head_dims_and_gqa(monkeypatch, scheme, H, G, D):
+    compare(monkeypatch, TurboQuantKVCache(scheme), 80, 40, H=H, G=G, D=D, step=40)
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+def test_a_sliding_window_cache_within_its_window(monkeypatch):
+    compare(monkeypatch, TurboQuantRotatingKVCache("turbo4", max_size=512), 100, 50)
+
+
+def outputs_by_chunks(chunk_size, n=144, H=2, G=2, D=64):
+    """Each token's attention output over a sequence prefilled in chunks of
+    ``chunk_size``."""
+    cache = TurboQuantKVCache("turbo4")
+    keys = outlier_keys((1, H, n, D), seed=3).astype(mx.float16)
+    values = mx.random.normal((1, H, n, D), key=mx.random.key(4)).astype(mx.float16)
+    queries = mx.random.normal((1, H * G, n, D), key=mx.random.key(5))
+    queries = queries.astype(mx.float16)
+    outs = []
+    for start in range(0, n, chunk_size):
+        end = min(start + chunk_size, n)
+        view, _ = cache.update_and_fetch(keys[:, :, start:end], values[:, :, start:end])
+        q = queries[:, :, start:end]
+        out = turbo_scaled_dot_product_attention(q, view, D**-0.5, "causal")
+        outs.append(out)
+    return mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+def test_outputs_do_not_depend_on_the_chunking(monkeypatch):
+    calls = []
+    launch = prefill_attention.prefill_attention
+    monkeypatch.setattr(
+        prefill_attention,
+        "prefill_attention",
+        lambda *a: calls.append(1) or launch(*a),
+    )
+    monkeypatch.setenv(KERNEL_ENV, "on")
+    by_48, by_80 = outputs_by_chunks(48), outputs_by_chunks(80)
+    assert len(calls) == 3 + 2, "every chunk takes the kernel"
+    # Each row is the same sums in the same order (tiles at absolute positions).
+    assert mx.array_equal(by_48, by_80).item()

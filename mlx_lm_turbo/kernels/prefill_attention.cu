@@ -6,14 +6,15 @@
 // Keys come from two sources, read tile by tile at absolute positions (tiles start at
 // multiples of BN, so a query's sums run in the same order however the prompt was
 // chunked):
-//  - A (`ka`, `va`, NA rows from position A0): the compressed history, dequantized
+//  - A (`ka`, `va`, NA rows from position A0, of A_ROWS a head): the compressed history,
+//    dequantized
 //    (prefill_attention.py), sink tokens written exactly at their positions. A query at
 //    p reads key t here where t < E0 (before the exact tail) or t <= p - WINDOW.
 //  - B (`kb`, `vb`, NB rows from position E0): the exact tail. A query at p reads key
 //    t here where t > p - WINDOW.
 // Either way only t <= p where CAUSAL. The chunk's L queries sit at positions
 // N - L .. N - 1. `params`: N, L, WINDOW (a huge value for none), E0, A0, NA, NB,
-// CAUSAL, query heads, KV heads; `scale`: the softmax scale.
+// CAUSAL, query heads, KV heads, A_ROWS; `scale`: the softmax scale.
 // STATE_IN: start from `state_o` (unnormalised output, float32) and `state_ml` (max in
 // log2 units, sum) of an earlier launch over other positions; FINAL: write `out`
 // (normalised, T), else the state (`o_out`, `ml_out`) for the next launch.
@@ -28,7 +29,7 @@ __shared__ __align__(128) T v_tile[BN * D];
 const int n_tokens = params[0], L = params[1], window = params[2], e0 = params[3];
 const int a0 = params[4], na = params[5], nb = params[6];
 const bool causal = params[7] != 0;
-const int Hq = params[8], Hkv = params[9];
+const int Hq = params[8], Hkv = params[9], a_rows = params[10];
 const float scale_log2 = scale[0] * LOG2E;
 
 const int h = blockIdx.y, b = blockIdx.z;
@@ -114,12 +115,12 @@ auto load = [&](uint32_t base, const T* src, int rows, int first_row) {
 };
 auto load_keys = [&](int j) {
   const int start = tile_start(j);
-  if (HAS_A && j < a_tiles) load(k_base, ka + kv_head * na * D, na, start - a0);
+  if (HAS_A && j < a_tiles) load(k_base, ka + kv_head * a_rows * D, na, start - a0);
   else load(k_base, kb + kv_head * nb * D, nb, start - e0);
 };
 auto load_values = [&](int j) {
   const int start = tile_start(j);
-  if (HAS_A && j < a_tiles) load(v_base, va + kv_head * na * D, na, start - a0);
+  if (HAS_A && j < a_tiles) load(v_base, va + kv_head * a_rows * D, na, start - a0);
   else load(v_base, vb + kv_head * nb * D, nb, start - e0);
 };
 // Whether the query at `pos` reads the key at `key` from this tile's source.

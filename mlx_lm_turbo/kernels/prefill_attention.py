@@ -99,7 +99,10 @@ def prefill_attention(queries, kv, scale, mask):
             a0, na = start, min(step, history - start)
             ka, va = _history(codec, kv, a0, na, q.dtype)
         params = mx.array(
-            [n_tokens, L, window, e0, a0, na, n_exact, mask is not None, Hq, Hkv],
+            [
+                *(n_tokens, L, window, e0, a0, na, n_exact, mask is not None),
+                *(Hq, Hkv, 0 if ka is None else ka.shape[2]),
+            ],
             mx.int32,
         )
         outputs = _launch(
@@ -118,10 +121,10 @@ def prefill_attention(queries, kv, scale, mask):
 
 
 def _history(codec, kv, start, count, dtype):
-    """Stored tokens [start, start + count) dequantized in ``dtype``, the sink tokens
-    among them exact. The slice reaches one token further (there always is one: the
-    exact tail's last token is read from the tail alone), whose slot takes the sink
-    tokens of other segments."""
+    """Stored tokens [start, start + count + 1) dequantized in ``dtype``, the sink
+    tokens among the first ``count`` exact. The last is not read: there always is one
+    (the exact tail's last token is read from the tail alone), and its slot takes the
+    sink tokens of other segments."""
     stored = tuple(a[:, :, start : start + count + 1] for a in kv.stored)
     keys, values = codec.decode(stored)
     keys, values = keys.astype(dtype), values.astype(dtype)
@@ -133,7 +136,7 @@ def _history(codec, kv, start, count, dtype):
             _put_tokens(a, sink.astype(dtype), slots)
             for a, sink in ((keys, sink_keys), (values, sink_values))
         )
-    return mx.contiguous(keys[:, :, :count]), mx.contiguous(values[:, :, :count])
+    return mx.contiguous(keys), mx.contiguous(values)
 
 
 def _put_tokens(dense, tokens, slots):
