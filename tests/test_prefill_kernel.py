@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 from conftest import outlier_keys, relative_error
 
-from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
 from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention, prefill_attention
 
@@ -129,3 +129,39 @@ def test_outputs_do_not_depend_on_the_chunking(monkeypatch):
     assert len(calls) == 3 + 2, "every chunk takes the kernel"
     # Each row is the same sums in the same order (tiles at absolute positions).
     assert mx.array_equal(by_48, by_80).item()
+
+
+@pytest.mark.usefixtures("cuda_kernels")
+def test_batch_rows_of_different_lengths(monkeypatch):
+    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+
+    pads, H, G, D = [0, 37], 2, 2, 64
+    cache = TurboQuantBatchKVCache(
+        parse_scheme("turbo4"), left_padding=pads, recent_exact=16
+    )
+    B = len(pads)
+    calls = []
+    launch = prefill_attention.prefill_attention
+    monkeypatch.setattr(
+        prefill_attention,
+        "prefill_attention",
+        lambda *a: calls.append(1) or launch(*a),
+    )
+    for n, seed in ((64, 0), (64, 1), (48, 2)):
+        k = outlier_keys((B, H, n, D), seed=seed).astype(mx.float16)
+        v = mx.random.normal((B, H, n, D), key=mx.random.key(seed + 10))
+        q = mx.random.normal((B, H * G, n, D), key=mx.random.key(seed + 20))
+        mask = cache.make_mask(n, return_array=True)
+        view, _ = cache.update_and_fetch(k, v.astype(mx.float16))
+        q = q.astype(mx.float16)
+        monkeypatch.setenv(KERNEL_ENV, "off")
+        portable = turbo_scaled_dot_product_attention(q, view, D**-0.5, mask)
+        monkeypatch.setenv(KERNEL_ENV, "on")
+        calls.clear()
+        fused = turbo_scaled_dot_product_attention(q, view, D**-0.5, mask)
+        assert calls, "a batch cache's own mask takes the kernel"
+        first = view.shape[2] - n
+        for row, pad in enumerate(pads):  # the rows' real queries
+            start = max(pad - first, 0)
+            error = relative_error(fused[row, :, start:], portable[row, :, start:])
+            assert error < TOLERANCE, (row, error)

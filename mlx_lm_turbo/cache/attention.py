@@ -27,7 +27,7 @@ from ..kernels import (
     fused_prefill_attention,
 )
 from ..kernels.dispatch import gpu_backend
-from .view import TurboKV
+from .view import TurboKV, causal_padding_mask
 
 # Scores and softmax run in float32: exact enough for every model dtype, and on
 # CPU float32 matmuls are several times faster than float16 ones.
@@ -84,7 +84,7 @@ def turbo_scaled_dot_product_attention(
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on a GPU: straight from the packed codes
         return fused
-    fused = fused_prefill_attention(queries, kv, scale, mask, sinks)
+    fused = fused_prefill_attention(queries, kv, scale, *_kernel_mask(kv, mask), sinks)
     if fused is not None:  # a prefill chunk on MLX-CUDA: flash attention
         return fused
     if one_pass_decode(queries, kv, sinks):
@@ -94,6 +94,18 @@ def turbo_scaled_dot_product_attention(
         if dense is not None:
             return dense
     return blockwise_attention(queries, kv, scale, mask, sinks)
+
+
+def _kernel_mask(kv: TurboKV, mask):
+    """(mask, left padding) as the prefill kernel takes them: a batch cache's own mask
+    is "causal" with its rows' left padding."""
+    if (
+        isinstance(mask, mx.array)
+        and kv.left_padding is not None
+        and causal_padding_mask(mask)
+    ):
+        return "causal", kv.left_padding
+    return mask, None
 
 
 def one_pass_decode(queries, kv: TurboKV, sinks=None):

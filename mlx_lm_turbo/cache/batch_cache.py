@@ -31,7 +31,7 @@ from .cache import (
     led_by_recent,
     new_codec,
 )
-from .view import TurboKV
+from .view import TurboKV, remember_causal_padding_mask
 
 
 def _rows(keep, old, new, neutral):
@@ -508,6 +508,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             exact_values,
             self._sink_view(),
             self.recent_exact,
+            left_padding=self.left_padding,
         )
         return view, view
 
@@ -525,7 +526,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         )
         return (*TurboQuantKVCache._attention_sinks(self), positions[:, None, :, None])
 
-    make_mask = BatchKVCache.make_mask
+    def make_mask(self, N, return_array=False, **kwargs):
+        mask = BatchKVCache.make_mask(self, N, return_array=return_array, **kwargs)
+        if not kwargs.get("window_size") and isinstance(mask, mx.array):
+            remember_causal_padding_mask(mask)
+        return mask
 
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None):
         if left_padding is not None:

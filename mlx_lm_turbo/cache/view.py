@@ -1,5 +1,22 @@
 """``TurboKV``: what a turbo cache's ``update_and_fetch`` hands to attention."""
 
+# The last masks the batch KV caches made: the causal mask and the rows' left padding
+# alone (mlx-lm's models make one a step, with the first layer's cache, and hand it to
+# every layer). Kept by identity, so attention can tell them from any other mask.
+_CAUSAL_PADDING_MASKS = []
+_MASKS_KEPT = 4
+
+
+def remember_causal_padding_mask(mask):
+    _CAUSAL_PADDING_MASKS.append(mask)
+    del _CAUSAL_PADDING_MASKS[:-_MASKS_KEPT]
+
+
+def causal_padding_mask(mask) -> bool:
+    """Whether ``mask`` is one a batch KV cache made: causal, and no key of a row's
+    left padding visible (``TurboKV.left_padding``)."""
+    return any(mask is m for m in _CAUSAL_PADDING_MASKS)
+
 
 def recent_part(rows, part, dim):
     """Part ``part`` of recent tokens' rows (``TurboKV.recent``), ``dim`` wide: 0 the
@@ -35,6 +52,10 @@ class TurboKV:
     value in the attention domain, then as the model gave them (the launch reads the
     first half and hands the rows back one token on).
 
+    ``left_padding``: (B,) the padding before each batch row's first token, from a
+    batch cache whose masks (``causal_padding_mask``) are the causal mask and this
+    padding alone; None elsewhere.
+
     ``calibrating``: the cache that still needs this update's queries (its key
     calibration measures the sink tokens' queries, which only attention sees):
     attention hands them over first (``take_queries``), and the cache makes the
@@ -51,6 +72,7 @@ class TurboKV:
         "pending",
         "recent",
         "calibrating",
+        "left_padding",
     )
 
     def __init__(
@@ -64,12 +86,14 @@ class TurboKV:
         pending=None,
         recent=None,
         calibrating=None,
+        left_padding=None,
     ):
         self.codec, self.stored = codec, stored
         self.new_keys, self.new_values = new_keys, new_values
         self.sinks, self.window = sinks, window
         self.pending, self.recent = pending, recent
         self.calibrating = calibrating
+        self.left_padding = left_padding
 
     @property
     def shape(self):

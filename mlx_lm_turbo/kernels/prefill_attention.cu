@@ -12,14 +12,15 @@
 //    p reads key t here where t < E0 (before the exact tail) or t <= p - WINDOW.
 //  - B (`kb`, `vb`, NB rows from position E0): the exact tail. A query at p reads key
 //    t here where t > p - WINDOW.
-// Either way only t <= p where CAUSAL. The chunk's L queries sit at positions
+// Either way only t <= p where CAUSAL, and t >= the row's left padding where HAS_PADS
+// (`pads`: a batch row's padding before its first token). The chunk's L queries sit at positions
 // N - L .. N - 1. `params`: N, L, WINDOW (a huge value for none), E0, A0, NA, NB,
 // CAUSAL, query heads, KV heads, A_ROWS; `scale`: the softmax scale.
 // STATE_IN: start from `state_o` (unnormalised output, float32) and `state_ml` (max in
 // log2 units, sum) of an earlier launch over other positions; FINAL: write `out`
 // (normalised, T), else the state (`o_out`, `ml_out`) for the next launch.
 // The header's constants: T (query dtype), IS_BF16, D, BN, WARPS, HAS_A, HAS_B,
-// STATE_IN, FINAL.
+// STATE_IN, HAS_PADS, FINAL.
 using namespace turbo;
 constexpr int BM = 16 * WARPS;
 constexpr int CH = D / 8;  // 16-byte chunks a row
@@ -34,6 +35,7 @@ const float scale_log2 = scale[0] * LOG2E;
 
 const int h = blockIdx.y, b = blockIdx.z;
 const int kvh = h / (Hq / Hkv);
+const int pad = HAS_PADS ? pads[b] : 0;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int g = lane >> 2, t = lane & 3;
 const int first_pos = n_tokens - L;  // the chunk's first query's position
@@ -125,7 +127,7 @@ auto load_values = [&](int j) {
 };
 // Whether the query at `pos` reads the key at `key` from this tile's source.
 auto reads = [&](bool from_a, int key, int pos) {
-  if (causal && key > pos) return false;
+  if ((causal && key > pos) || key < pad) return false;
   if (from_a) return key >= a0 && key < a0 + na && (key < e0 || key <= pos - window);
   return key >= e0 && key < e0 + nb && key > pos - window;
 };
@@ -165,7 +167,8 @@ for (int j = 0; j < n_tiles; ++j) {
   const bool from_a = HAS_A && j < a_tiles;
   const int end = start + BN - 1;
   // The warp's rows all read every key of the tile: no per-score test.
-  const bool whole = from_a ? (start >= a0 && end < a0 + na && (!causal || end <= warp_pmin) &&
+  const bool whole = start < pad ? false
+                     : from_a    ? (start >= a0 && end < a0 + na && (!causal || end <= warp_pmin) &&
                                (end < e0 || end <= warp_pmin - window))
                             : (start >= e0 && end < e0 + nb && (!causal || end <= warp_pmin) &&
                                start > warp_pmax - window);

@@ -26,7 +26,10 @@ WARPS = 4  # 16 query rows a warp: 64 queries a block
 WORKSPACE_BYTES = 256 << 20
 # A window of None: no query position minus this reaches a key.
 _NO_WINDOW = 1 << 30
-INPUTS = ("q", "ka", "va", "kb", "vb", "state_o", "state_ml", "params", "scale")
+INPUTS = (
+    *("q", "ka", "va", "kb", "vb", "state_o", "state_ml"),
+    *("pads", "params", "scale"),
+)
 OUTPUTS = ("out", "o_out", "ml_out")
 
 
@@ -52,16 +55,17 @@ def call_support(queries, kv, mask, sinks=None):
     return None
 
 
-def fused_prefill_attention(queries, kv, scale, mask, sinks=None):
+def fused_prefill_attention(queries, kv, scale, mask, left_padding=None, sinks=None):
     """The kernel's output for this call (in the model's domain, as the portable path
-    returns it), or None where the portable path runs."""
+    returns it), or None where the portable path runs. ``left_padding``: (B,) keys
+    before each batch row's first token no query reads (its mask is then "causal")."""
     if (
         gpu_backend() != "cuda"
         or not use_kernel(kv.codec)
         or call_support(queries, kv, mask, sinks) is not None
     ):
         return None
-    return prefill_attention(queries, kv, scale, mask)
+    return prefill_attention(queries, kv, scale, mask, left_padding)
 
 
 def segment_tokens(codec, batch, dtype):
@@ -70,7 +74,7 @@ def segment_tokens(codec, batch, dtype):
     return max(64, WORKSPACE_BYTES // (per_token * dtype.size))
 
 
-def prefill_attention(queries, kv, scale, mask):
+def prefill_attention(queries, kv, scale, mask, left_padding=None):
     """The launches for a call ``call_support`` accepts (on any backend whose
     ``mx.fast.cuda_kernel`` runs them: the tests run them on the CPU)."""
     codec = kv.codec
@@ -87,6 +91,7 @@ def prefill_attention(queries, kv, scale, mask):
     kb = mx.contiguous(kv.new_keys.astype(q.dtype))
     vb = mx.contiguous(kv.new_values.astype(q.dtype))
     scale_in = mx.array([scale], mx.float32)
+    pads = None if left_padding is None else left_padding.astype(mx.int32)
     step = segment_tokens(codec, B, q.dtype)
     starts = list(range(0, history, step)) or [None]
     state = None
@@ -112,6 +117,7 @@ def prefill_attention(queries, kv, scale, mask):
             kb if final else None,
             vb if final else None,
             state,
+            pads,
             params,
             scale_in,
             final,
@@ -146,16 +152,11 @@ def _put_tokens(dense, tokens, slots):
     return mx.put_along_axis(dense, index, tokens, axis=2)
 
 
-def _launch(q, ka, va, kb, vb, state, params, scale, final):
+def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
     B, Hq, L, D = q.shape
     has_a, has_b = ka is not None, kb is not None
     kernel = _kernel(
-        q.dtype,
-        D,
-        has_a,
-        has_b,
-        state is not None,
-        final,
+        q.dtype, D, has_a, has_b, state is not None, pads is not None, final
     )
     given = {"q": q, "params": params, "scale": scale}
     if has_a:
@@ -164,6 +165,8 @@ def _launch(q, ka, va, kb, vb, state, params, scale, final):
         given.update(kb=kb, vb=vb)
     if state is not None:
         given.update(state_o=state[0], state_ml=state[1])
+    if pads is not None:
+        given.update(pads=pads)
     names = [n for n in INPUTS if n in given]
     block_queries = 16 * WARPS
     if final:
@@ -185,7 +188,7 @@ def block_keys(head_dim):
 
 
 @lru_cache(maxsize=None)
-def _kernel(dtype, head_dim, has_a, has_b, state_in, final):
+def _kernel(dtype, head_dim, has_a, has_b, state_in, has_pads, final):
     T = C_TYPES[str(dtype).split(".")[-1]]
     present = {"q", "params", "scale"}
     if has_a:
@@ -194,6 +197,8 @@ def _kernel(dtype, head_dim, has_a, has_b, state_in, final):
         present |= {"kb", "vb"}
     if state_in:
         present |= {"state_o", "state_ml"}
+    if has_pads:
+        present |= {"pads"}
     outputs = ["out"] if final else ["o_out", "ml_out"]
     absent = "".join(
         f"__device__ {'const ' if n in INPUTS else ''}{_type(n, T)}* const {n} = nullptr;\n"
@@ -215,6 +220,7 @@ def _kernel(dtype, head_dim, has_a, has_b, state_in, final):
                 ("HAS_A", has_a),
                 ("HAS_B", has_b),
                 ("STATE_IN", state_in),
+                ("HAS_PADS", has_pads),
                 ("FINAL", final),
             )
         )
@@ -234,6 +240,6 @@ def _kernel(dtype, head_dim, has_a, has_b, state_in, final):
 def _type(name, T):
     if name in ("state_o", "state_ml", "scale", "o_out", "ml_out"):
         return "float"
-    if name == "params":
+    if name in ("params", "pads"):
         return "int32_t"
     return T
