@@ -11,6 +11,7 @@ from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import (
     dense_prefill_attention,
     dense_prefill_rule,
+    dense_prefill_support,
     turbo_scaled_dot_product_attention,
 )
 
@@ -425,6 +426,19 @@ def test_dense_prefill_rule_sends_the_rest_blockwise(monkeypatch):
     assert "MiB of dequantized history and mask" in dense_prefill_rule(
         queries, view, None
     )
+
+
+def test_dense_prefill_on_apple_gpus_only_when_asked_for(monkeypatch):
+    queries, keys, values = inputs(96, 16, dtype=mx.float16)
+    view, _ = TurboQuantKVCache("turbo4").update_and_fetch(keys, values)
+    monkeypatch.setattr(attention, "DENSE_PREFILL_BYTES", DENSE_PREFILL_BYTES)
+    monkeypatch.setattr(attention, "gpu_backend", lambda: "metal")
+    monkeypatch.delenv("MLX_LM_TURBO_KERNEL", raising=False)
+    assert "not verified on Apple GPUs" in dense_prefill_support(queries, view, None)
+    monkeypatch.setenv("MLX_LM_TURBO_KERNEL", "on")
+    assert dense_prefill_support(queries, view, None) is None
+    monkeypatch.setattr(attention, "gpu_backend", lambda: None)
+    assert "GPUs only" in dense_prefill_support(queries, view, None)
 
 
 def test_dense_prefill_reads_the_same_whatever_the_chunking(monkeypatch):

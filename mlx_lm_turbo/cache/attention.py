@@ -26,7 +26,7 @@ from ..kernels import (
     fused_decode_attention,
     fused_prefill_attention,
 )
-from ..kernels.dispatch import gpu_backend
+from ..kernels.dispatch import KERNEL_ENV, gpu_backend, kernel_mode
 from .view import TurboKV, causal_padding_mask
 
 # Scores and softmax run in float32: exact enough for every model dtype, and on
@@ -188,12 +188,17 @@ def dense_prefill_support(queries, kv: TurboKV, mask, sinks=None):
 
     It hands MLX's fused attention the whole history dequantized, so it runs only
     where that attention is fused (cuDNN on MLX-CUDA: float16/bfloat16, head dims up
-    to 128; elsewhere MLX would materialise every score) and what it builds fits
-    ``DENSE_PREFILL_BYTES``, the bound on a layer's transient memory."""
+    to 128; on CPUs MLX would materialise every score) and what it builds fits
+    ``DENSE_PREFILL_BYTES``, the bound on a layer's transient memory. On Apple GPUs
+    MLX's Metal attention is fused for prefill too; there it runs only under
+    ``MLX_LM_TURBO_KERNEL=on`` until a run on Apple hardware has verified it."""
     if queries.shape[2] == 1:
         return "decode"
-    if gpu_backend() != "cuda":
-        return "MLX's attention is fused for prefill on MLX-CUDA only"
+    backend = gpu_backend()
+    if backend == "metal" and kernel_mode() != "on":
+        return f"not verified on Apple GPUs yet ({KERNEL_ENV}=on enables it)"
+    if backend not in ("cuda", "metal"):
+        return "MLX's attention is fused for prefill on GPUs only"
     if queries.dtype not in (mx.float16, mx.bfloat16):
         return f"{queries.dtype} queries (cuDNN attention: float16, bfloat16)"
     codec = kv.codec
