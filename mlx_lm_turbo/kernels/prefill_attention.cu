@@ -33,13 +33,15 @@ const bool causal = params[7] != 0;
 const int Hq = params[8], Hkv = params[9], a_rows = params[10];
 const float scale_log2 = scale[0] * LOG2E;
 
-const int h = blockIdx.y, b = blockIdx.z;
+// Heads innermost: a GQA group's query heads run side by side and share its tiles
+// in L2.
+const int h = blockIdx.x, b = blockIdx.z;
 const int kvh = h / (Hq / Hkv);
 const int pad = HAS_PADS ? pads[b] : 0;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int g = lane >> 2, t = lane & 3;
 const int first_pos = n_tokens - L;  // the chunk's first query's position
-const int block_q = blockIdx.x * BM;
+const int block_q = blockIdx.y * BM;
 const int warp_q = block_q + 16 * warp;
 const int pos_lo = first_pos + warp_q + g, pos_hi = pos_lo + 8;  // this lane's two rows
 const int warp_pmin = first_pos + warp_q, warp_pmax = first_pos + min(warp_q + 15, L - 1);

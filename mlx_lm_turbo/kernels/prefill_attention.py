@@ -175,7 +175,7 @@ def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
         shapes, dtypes = [q.shape, (B, Hq, L, 2)], [mx.float32, mx.float32]
     return kernel(
         inputs=[given[n] for n in names],
-        grid=(-(-L // block_queries) * 32 * WARPS, Hq, B),
+        grid=(Hq * 32 * WARPS, -(-L // block_queries), B),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=shapes,
         output_dtypes=dtypes,
