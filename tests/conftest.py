@@ -118,6 +118,7 @@ def forget_kernels():
 
     decode_attention.forget_kernels()
     prefill_attention._kernel.cache_clear()
+    prefill_attention._dequantizer.cache_clear()
     decode_attention_simd.kernels.cache_clear()
     encode._kernel.cache_clear()
 

@@ -28,6 +28,7 @@ struct __attribute__((aligned(8))) uint2 {
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return {x, y}; }
 
 // fp16 and bf16 as their bits; arithmetic goes through float, as the kernels' does.

@@ -22,6 +22,33 @@ TOLERANCE = 2e-3
 BF16_TOLERANCE = 1.5e-2
 
 
+@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.parametrize(
+    "scheme, D, dtype",
+    [
+        ("turbo4", 128, mx.float16),
+        ("turbo3", 64, mx.bfloat16),
+        ("turbo2", 128, mx.float16),
+        ("turbo5v3", 64, mx.float16),
+        ("turbo6v2", 128, mx.bfloat16),
+        ("turbo8", 64, mx.float16),
+        ("turbo0v4", 64, mx.float16),
+    ],
+)
+def test_the_dequantizing_launch_is_the_codecs_decode(scheme, D, dtype):
+    cache = TurboQuantKVCache(scheme)
+    chunk(cache, 40, 2, 1, D, dtype, seed=1)
+    codec, stored = cache.codec, cache._stored_slice()
+    keys, values = prefill_attention.dequantize(codec, stored[-1][:, :, 5:], dtype)
+    want_keys, want_values = codec.decode(tuple(a[:, :, 5:] for a in stored))
+    bound = 8e-3 if dtype == mx.bfloat16 else 1e-3  # one rounding of the product
+    assert relative_error(values, want_values) < bound
+    if codec.scheme.key_bits:
+        assert relative_error(keys, want_keys) < bound
+    else:
+        assert keys is None
+
+
 def chunk(cache, L, H, G, D, dtype, seed):
     k = outlier_keys((1, H, L, D), seed=seed).astype(dtype)
     v = mx.random.normal((1, H, L, D), key=mx.random.key(seed + 1)).astype(dtype)

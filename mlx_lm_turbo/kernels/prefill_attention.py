@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 
+from ..codec.codebooks import codebook
 from .decode_attention import C_TYPES, constants_header
 from .dispatch import cuda_kernel, gpu_backend, included, use_kernel
 
@@ -131,9 +132,10 @@ def _history(codec, kv, start, count, dtype):
     tokens among the first ``count`` exact. The last is not read: there always is one
     (the exact tail's last token is read from the tail alone), and its slot takes the
     sink tokens of other segments."""
-    stored = tuple(a[:, :, start : start + count + 1] for a in kv.stored)
-    keys, values = codec.decode(stored)
-    keys, values = keys.astype(dtype), values.astype(dtype)
+    *exact_keys, rows = (a[:, :, start : start + count + 1] for a in kv.stored)
+    keys, values = dequantize(codec, rows, dtype)
+    if keys is None:  # keys stored as they are
+        keys = mx.contiguous(exact_keys[0].astype(dtype))
     if kv.sinks is not None:
         sink_keys, sink_values, positions = kv.sinks
         inside = (positions >= start) & (positions < start + count)
@@ -142,7 +144,63 @@ def _history(codec, kv, start, count, dtype):
             _put_tokens(a, sink.astype(dtype), slots)
             for a, sink in ((keys, sink_keys), (values, sink_values))
         )
-    return mx.contiguous(keys), mx.contiguous(values)
+    return keys, values
+
+
+def dequantize(codec, rows, dtype):
+    """(keys or None where they are stored as they are, values): ``rows`` (B, H, N,
+    row words) dequantized into the attention domain in ``dtype``, one launch
+    (``dequantize.cu``; reference: ``codec.decode``)."""
+    B, H, N, _ = rows.shape
+    D = codec.value_dim
+    key_bits, value_bits = codec.scheme.key_bits, codec.scheme.value_bits
+    outputs = _dequantizer(
+        dtype, D, key_bits, value_bits, codec.key_words, rows.shape[3]
+    )(
+        inputs=[rows, _levels(D, key_bits, value_bits)],
+        grid=(-(-N * D // 8 // 256) * 256, H, B),
+        threadgroup=(256, 1, 1),
+        output_shapes=[(B, H, N, D)] * (2 if key_bits else 1),
+        output_dtypes=[dtype] * (2 if key_bits else 1),
+    )
+    return (outputs[1], outputs[0]) if key_bits else (None, outputs[0])
+
+
+@lru_cache(maxsize=None)
+def _levels(head_dim, key_bits, value_bits):
+    parts = [codebook(head_dim, value_bits)]
+    if key_bits:
+        parts.insert(0, codebook(head_dim, key_bits))
+    levels = mx.concatenate([p.astype(mx.float32) for p in parts])
+    mx.eval(levels)
+    return levels
+
+
+@lru_cache(maxsize=None)
+def _dequantizer(dtype, head_dim, key_bits, value_bits, key_words, row_words):
+    T = C_TYPES[str(dtype).split(".")[-1]]
+    outputs = ["values_out", "keys_out"] if key_bits else ["values_out"]
+    header = (
+        f"using T = {T};\n"
+        + constants_header(
+            (
+                ("D", head_dim),
+                ("KB", key_bits),
+                ("VB", value_bits),
+                ("KW", key_words),
+                ("RW", row_words),
+            )
+        )
+        + ("" if key_bits else f"__device__ {T}* const keys_out = nullptr;\n")
+        + included("common.cuh")
+    )
+    return cuda_kernel(
+        "turbo_dequantize",
+        ["rows", "levels"],
+        outputs,
+        included("dequantize.cu"),
+        header=header,
+    )
 
 
 def _put_tokens(dense, tokens, slots):
