@@ -108,13 +108,36 @@ const uint32_t v_base = static_cast<uint32_t>(__cvta_generic_to_shared(v_tile));
 // chunk column then fall in eight different bank groups.
 auto smem_offset = [](int row, int chunk) { return (row * D + ((chunk ^ (row & 7)) * 8)) * 2; };
 
-auto tile_start = [&](int j) { return j < a_tiles ? a_from + j * BN : b_from + (j - a_tiles) * BN; };
-auto load = [&](uint32_t base, const T* src, int rows, int first_row) {
+// Each lane's ldmatrix addresses, as far as they vary with the lane: a fragment's
+// address is one of four of these plus a compile-time offset. Lanes 8i .. 8i + 7 give
+// matrix i's rows, whose low 3 bits are the lane's (the swizzle's); keys: matrices 0, 1
+// the first 8 keys (dims +0, +8), 2, 3 the next 8; values: 0, 1 the first 8 keys (dims
+// +0), 2, 3 dims +8.
+uint32_t k_lane[4], v_lane[4];
+{
+  const int r7 = lane & 7, k_row = ((lane >> 4) & 1) * 8 + r7, v_row = ((lane >> 3) & 1) * 8 + r7;
 #pragma unroll
-  for (int c = threadIdx.x; c < BN * CH; c += 32 * WARPS) {
-    const int r = c / CH, ch = c % CH;
-    const int sr = min(max(first_row + r, 0), rows - 1);  // outside: masked below
-    cp_async16_at(base + smem_offset(r, ch), src + size_t(sr) * D + ch * 8);
+  for (int c = 0; c < 4; ++c) {
+    k_lane[c] = k_base + k_row * D * 2 + ((2 * c + ((lane >> 3) & 1)) ^ r7) * 16;
+    v_lane[c] = v_base + v_row * D * 2 + ((2 * c + ((lane >> 4) & 1)) ^ r7) * 16;
+  }
+}
+
+auto tile_start = [&](int j) { return j < a_tiles ? a_from + j * BN : b_from + (j - a_tiles) * BN; };
+// A tile's copy: each thread copies the same chunk column of every RPP-th row.
+constexpr int THREADS = 32 * WARPS, RPP = THREADS / CH;
+static_assert(BN % RPP == 0, "a tile is whole passes of the block's threads");
+const int my_ch = threadIdx.x % CH, my_row = threadIdx.x / CH;
+auto load = [&](uint32_t base, const T* src, int rows, int first_row) {
+  const T* from = src + my_ch * 8;
+#pragma unroll
+  for (int i = 0; i < BN / RPP; ++i) {
+    const int row = my_row + i * RPP;
+    const int sr = min(max(first_row + row, 0), rows - 1);  // outside: masked below
+    // With RPP a multiple of 8 the swizzle is the same for each of a thread's rows.
+    const uint32_t at = RPP % 8 == 0 ? smem_offset(my_row, my_ch) + i * RPP * D * 2
+                                     : smem_offset(row, my_ch);
+    cp_async16_at(base + at, from + size_t(sr) * D);
   }
 };
 auto load_keys = [&](int j) {
@@ -152,9 +175,8 @@ for (int j = 0; j < n_tiles; ++j) {
   for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
     for (int np = 0; np < BN / 16; ++np) {
-      const int mi = lane >> 3, row = np * 16 + (mi >> 1) * 8 + (lane & 7);
       uint32_t kf[4];
-      ldmatrix_x4(kf, k_base + smem_offset(row, ks * 2 + (mi & 1)));
+      ldmatrix_x4(kf, k_lane[ks & 3] + np * 16 * D * 2 + (ks >> 2) * 128);
       if constexpr (IS_BF16) {
         mma_16816_bf16(s[2 * np], qf[ks], kf[0], kf[1]);
         mma_16816_bf16(s[2 * np + 1], qf[ks], kf[2], kf[3]);
@@ -174,18 +196,20 @@ for (int j = 0; j < n_tiles; ++j) {
                                (end < e0 || end <= warp_pmin - window))
                             : (start >= e0 && end < e0 + nb && (!causal || end <= warp_pmin) &&
                                start > warp_pmax - window);
-  float row_max_lo = m_lo, row_max_hi = m_hi;
+  float tile_max_lo = -INFINITY, tile_max_hi = -INFINITY;
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int key = start + n * 8 + 2 * t + (i & 1);
-      const bool visible = whole || reads(from_a, key, i < 2 ? pos_lo : pos_hi);
-      s[n][i] = visible ? s[n][i] * scale_log2 : -INFINITY;
+      if (!whole && !reads(from_a, key, i < 2 ? pos_lo : pos_hi)) s[n][i] = -INFINITY;
     }
-    row_max_lo = fmaxf(row_max_lo, fmaxf(s[n][0], s[n][1]));
-    row_max_hi = fmaxf(row_max_hi, fmaxf(s[n][2], s[n][3]));
+    tile_max_lo = fmaxf(tile_max_lo, fmaxf(s[n][0], s[n][1]));
+    tile_max_hi = fmaxf(tile_max_hi, fmaxf(s[n][2], s[n][3]));
   }
+  // Scores stay unscaled; the scale (positive) joins the exponent's FMA.
+  float row_max_lo = fmaxf(m_lo, tile_max_lo * scale_log2);
+  float row_max_hi = fmaxf(m_hi, tile_max_hi * scale_log2);
   row_max_lo = fmaxf(row_max_lo, __shfl_xor_sync(FULL_MASK, row_max_lo, 1));
   row_max_lo = fmaxf(row_max_lo, __shfl_xor_sync(FULL_MASK, row_max_lo, 2));
   row_max_hi = fmaxf(row_max_hi, __shfl_xor_sync(FULL_MASK, row_max_hi, 1));
@@ -205,8 +229,10 @@ for (int j = 0; j < n_tiles; ++j) {
   uint32_t pf[BN / 16][4];
 #pragma unroll
   for (int n = 0; n < BN / 8; ++n) {
-    const float p0 = exp2_or_zero(s[n][0] - base_lo), p1 = exp2_or_zero(s[n][1] - base_lo);
-    const float p2 = exp2_or_zero(s[n][2] - base_hi), p3 = exp2_or_zero(s[n][3] - base_hi);
+    const float p0 = exp2_or_zero(fmaf(s[n][0], scale_log2, -base_lo));
+    const float p1 = exp2_or_zero(fmaf(s[n][1], scale_log2, -base_lo));
+    const float p2 = exp2_or_zero(fmaf(s[n][2], scale_log2, -base_hi));
+    const float p3 = exp2_or_zero(fmaf(s[n][3], scale_log2, -base_hi));
     l_lo += p0 + p1, l_hi += p2 + p3;
     // The C fragment of keys 8n .. 8n + 7 is half of the A fragment of keys 16(n/2) ..
     pf[n / 2][(n & 1) * 2] = IS_BF16 ? pack_bf162(p0, p1) : pack_half2(p0, p1);
@@ -227,9 +253,8 @@ for (int j = 0; j < n_tiles; ++j) {
   for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
-      const int mi = lane >> 3, row = kk * 16 + (mi & 1) * 8 + (lane & 7);
       uint32_t vf[4];
-      ldmatrix_x4_trans(vf, v_base + smem_offset(row, dp * 2 + (mi >> 1)));
+      ldmatrix_x4_trans(vf, v_lane[dp & 3] + kk * 16 * D * 2 + (dp >> 2) * 128);
       if constexpr (IS_BF16) {
         mma_16816_bf16(o[2 * dp], pf[kk], vf[0], vf[1]);
         mma_16816_bf16(o[2 * dp + 1], pf[kk], vf[2], vf[3]);
