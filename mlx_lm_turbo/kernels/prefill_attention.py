@@ -22,6 +22,9 @@ from .decode_attention import C_TYPES, constants_header
 from .dispatch import cuda_kernel, gpu_backend, included, use_kernel
 
 WARPS = 4  # 16 query rows a warp: 64 queries a block
+# Blocks an SM holds at once: the registers a thread may use are 64K / (threads x
+# blocks) (2: up to 255, none spilled at head dim 128).
+BLOCKS_PER_SM = 2
 # A segment of dequantized history: 256 MiB of keys and values (64K tokens of 8 KV
 # heads of 128 dims in fp16).
 WORKSPACE_BYTES = 256 << 20
@@ -269,6 +272,9 @@ def _kernel(dtype, head_dim, has_a, has_b, state_in, has_pads, final):
         ("WARPS", WARPS),
     )
     header = (
+        "#undef __global__\n"
+        "#define __global__ __location__(global) "
+        f"__launch_bounds__({32 * WARPS}, {BLOCKS_PER_SM})\n"
         f"using T = {T};\n"
         + constants_header(constants)
         + f"constexpr bool IS_BF16 = {str(dtype == mx.bfloat16).lower()};\n"
