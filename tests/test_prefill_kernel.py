@@ -12,12 +12,11 @@ the portable path with bfloat16 queries is about 3.5e-3 from it.
 
 import mlx.core as mx
 import pytest
-from conftest import outlier_keys, relative_error
+from helpers import outlier_keys, relative_error
 
-from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention
-from mlx_lm_turbo.kernels import prefill_attention
+from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention, prefill_attention
 
 TOLERANCE = 2e-3
 BF16_TOLERANCE = 1.5e-2
@@ -32,7 +31,9 @@ def chunk(cache, L, H, G, D, dtype, seed):
     return q, view, mask
 
 
-def compare(monkeypatch, cache, history, L, H=2, G=2, D=64, dtype=mx.float16, step=None):
+def compare(
+    monkeypatch, cache, history, L, H=2, G=2, D=64, dtype=mx.float16, step=None
+):
     """Fill ``history`` tokens in chunks of ``step``, then run a chunk of L queries
     through both paths."""
     step = step or max(history, 1)
