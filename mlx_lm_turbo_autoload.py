@@ -4,7 +4,8 @@ It only installs a tiny import finder: nothing of mlx or mlx-lm is imported here
 When one of mlx-lm's modules listed below has executed, the plugin attaches to it
 (``mlx_lm_turbo.attach``). ``MLX_LM_TURBO_DISABLE=1`` turns the plugin off: then
 the commands only say, when they fail on something the plugin provides (its
-options, a prompt-cache file of its caches), that it is turned off. If attaching
+options ``--kv-scheme``, ``--turbo-boundary-skip``, ``--turbo-uncompressed-start``,
+``--turbo-recent-exact``; a prompt-cache file of its caches), that it is turned off. If attaching
 fails, mlx-lm keeps working and one warning says why.
 """
 
@@ -24,7 +25,14 @@ TARGETS = frozenset(
     }
 )
 DISABLE = "MLX_LM_TURBO_DISABLE"
-OPTIONS = ("--kv-scheme", "--turbo-boundary-skip", "--turbo-uncompressed-start")
+# Every option the plugin adds to mlx-lm's commands: with the plugin off, a command
+# that fails on one of them says why.
+OPTIONS = (
+    "--kv-scheme",
+    "--turbo-boundary-skip",
+    "--turbo-uncompressed-start",
+    "--turbo-recent-exact",
+)
 
 
 def disabled():

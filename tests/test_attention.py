@@ -2,7 +2,7 @@ import copy
 
 import mlx.core as mx
 import pytest
-from conftest import outlier_keys, relative_error
+from helpers import outlier_keys, relative_error
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 

@@ -10,16 +10,13 @@ import sys
 
 import pytest
 import tiny_models
+from helpers import LLAMA_HD16, free_port, run, run_main
 from mlx_lm.utils import _get_classes
-from test_cli import _free_port, run
 
 import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import make_prompt_cache, parse_scheme
 from mlx_lm_turbo.errors import UsageError
 
-LLAMA_HD16 = dict(
-    tiny_models.CONFIGS["llama"], hidden_size=64, num_attention_heads=4, head_dim=16
-)
 GEMMA2 = dict(
     model_type="gemma2",
     hidden_size=64,
@@ -38,23 +35,6 @@ def model_from_config(config):
     return model_class(
         args_class.from_dict({"vocab_size": tiny_models.VOCAB, **config})
     )
-
-
-def run_main(monkeypatch, module_name, *args):
-    """A command's (plugin-wrapped) main in this process: (exit status, stderr)."""
-    import importlib
-
-    main = (
-        importlib.import_module(module_name).main
-        if module_name.startswith("mlx_lm_turbo")
-        else sys.modules[module_name].main
-    )
-    monkeypatch.setattr(sys, "argv", [module_name, *map(str, args)])
-    try:
-        status = main()
-    except SystemExit as exit:
-        status = exit.code
-    return status or 0
 
 
 @pytest.fixture
@@ -93,6 +73,7 @@ def overrides(tmp_path, monkeypatch):
         ),
     ],
 )
+@pytest.mark.slow  # a subprocess
 def test_server_refuses_before_serving(tiny_model, tmp_path, toml, message):
     path = tmp_path / "overrides.toml"
     path.write_text(toml)
@@ -101,7 +82,7 @@ def test_server_refuses_before_serving(tiny_model, tmp_path, toml, message):
         "--model",
         tiny_model("llama"),
         "--port",
-        _free_port(),
+        free_port(),
         "--kv-scheme",
         "turbo4",
         env={"MLX_LM_TURBO_OVERRIDES": str(path)},
@@ -804,6 +785,7 @@ def test_disable_values(value, off, monkeypatch):
     assert mlx_lm_turbo_autoload.disabled() is off
 
 
+@pytest.mark.slow  # a subprocess
 def test_disabled_plugin_says_why_its_options_and_files_fail(saved_caches, tiny_model):
     disabled = {"MLX_LM_TURBO_DISABLE": "1"}
     result = run(
@@ -838,6 +820,7 @@ def test_disabled_plugin_says_why_its_options_and_files_fail(saved_caches, tiny_
     )
 
 
+@pytest.mark.slow  # a subprocess
 def test_disable_false_leaves_the_plugin_on():
     result = run(
         "mlx_lm.generate", "--help", env={"MLX_LM_TURBO_DISABLE": "false"}, timeout=60
@@ -1016,11 +999,12 @@ def test_doctor_refusal_is_reported_not_raised(overrides, tiny_model, capsys):
     )
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("args", [["doctor"], ["--help"]])
 def test_output_into_a_closed_pipe_stops_quietly(args):
     import subprocess
 
-    from test_cli import BIN
+    from helpers import BIN
 
     process = subprocess.Popen(
         [str(BIN / "mlx-lm-turbo"), *args],

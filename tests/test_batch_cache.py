@@ -4,7 +4,7 @@ import copy
 
 import mlx.core as mx
 import pytest
-from conftest import count_merges, outlier_keys, relative_error
+from helpers import count_merges, relative_error, right_padded, sequences
 
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
@@ -32,20 +32,6 @@ def assert_same(got, expected):
         assert relative_error(got, expected) < 5e-3
 
 
-def sequences(lengths=LENGTHS, decode=DECODE):
-    out = []
-    for i, n in enumerate(lengths):
-        k = outlier_keys((1, H, n + decode, D), seed=i).astype(mx.float16)
-        v = mx.random.normal((1, H, n + decode, D), key=mx.random.key(i + 9)).astype(
-            mx.float16
-        )
-        q = mx.random.normal((1, HQ, n + decode, D), key=mx.random.key(i + 50)).astype(
-            mx.float16
-        )
-        out.append((k, v, q))
-    return out
-
-
 def single_run(k, v, q, n, scheme, calibration):
     cache = TurboQuantKVCache(scheme, key_calibration=calibration)
     cache.update_and_fetch(k[:, :, :n], v[:, :, :n])
@@ -56,16 +42,6 @@ def single_run(k, v, q, n, scheme, calibration):
             turbo_scaled_dot_product_attention(q[:, :, t : t + 1], view, D**-0.5, None)
         )
     return cache, mx.concatenate(outs, axis=2)
-
-
-def right_padded(arrays, lengths):
-    width = max(lengths)
-    return mx.concatenate(
-        [
-            mx.pad(a[:, :, :n], [(0, 0), (0, 0), (0, width - n), (0, 0)])
-            for a, n in zip(arrays, lengths)
-        ]
-    )
 
 
 def batch_run(seqs, scheme, calibration, lengths=LENGTHS):

@@ -3,7 +3,7 @@ import copy
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import outlier_keys
+from helpers import outlier_keys
 from mlx_lm.models.cache import (
     KVCache,
     RotatingKVCache,

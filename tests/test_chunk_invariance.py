@@ -8,9 +8,19 @@ import copy
 
 import mlx.core as mx
 import pytest
-from conftest import ON_CUDA
+from helpers import (
+    FP16_ROUNDING,
+    ON_CUDA,
+    PROMPT,
+    ROUNDING,
+    chunked_outputs,
+    generate_tokens,
+    load_sliding,
+    right_padded,
+    window_kv,
+)
 from mlx_lm import load
-from mlx_lm.generate import batch_generate, generate_step
+from mlx_lm.generate import batch_generate
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
 from mlx_lm_turbo import TurboQuantRotatingKVCache, make_prompt_cache
@@ -22,14 +32,7 @@ from mlx_lm_turbo.cache.cache import register_cache_classes
 # uncompressed cache alone moves the log-probabilities by up to 0.05 with chunking).
 SLIDING = ["gpt_oss", "gemma4_text"]
 
-PROMPT = [(7 * i + 3) % 250 + 5 for i in range(70)]  # longer than the 16 sink tokens
 STEPS = 8
-# Every query reads the same exact and compressed keys whatever the chunking; what still
-# differs is float32 rounding with the chunk's shape (the model's own projections, matmul
-# shapes), now and then enough to move a coordinate that sits on a codebook boundary to
-# the neighbouring code. Measured: up to 0.024, and 0.043 (qwen3, 16-token chunks) under
-# the project's own rotation signs. Before the rule, chunking moved them by 0.15 to 0.47.
-ROUNDING = 0.06
 # On MLX-CUDA (float32 matmuls asked for, tests/conftest.py) other float32 kernels still
 # round differently per shape; measured on the H200: up to 0.12 (gemma4_text's sliding
 # windows, 16-token chunks) with the greedy tokens equal; before sliding windows kept
@@ -37,28 +40,11 @@ ROUNDING = 0.06
 GPU_ROUNDING = 0.2
 
 
-def run(model, prompt, cache, step):
-    """Greedy tokens and their log-probabilities after prefilling ``prompt`` in ``step``-token chunks."""
-    out = list(
-        zip(
-            range(STEPS),
-            generate_step(
-                mx.array(prompt),
-                model,
-                prompt_cache=cache,
-                prefill_step_size=step,
-                max_tokens=STEPS,
-            ),
-        )
-    )
-    return [t for _, (t, _) in out], mx.stack([p for _, (_, p) in out])
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_generate_is_the_same_for_every_prefill_step_size(tiny_model, arch):
     model, _ = load(str(tiny_model(arch)))
     runs = {
-        step: run(
+        step: generate_tokens(
             model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), step
         )
         for step in (64, 16, 7, 1)
@@ -76,23 +62,26 @@ def test_a_cache_reused_through_a_shared_prefix_equals_a_cold_one(tiny_model, sh
     model, _ = load(str(tiny_model("llama")))
     other = PROMPT[:shared] + [(11 * i + 1) % 250 + 5 for i in range(40)]
     warm = make_prompt_cache(model, "turbo4", recent_exact=1)
-    run(model, other, warm, 2048)
+    generate_tokens(model, other, warm, 2048)
     reused = copy.deepcopy(warm)
     trim_prompt_cache(reused, reused[0].offset - shared)
-    got = run(model, PROMPT[shared:], reused, 2048)
-    cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", recent_exact=1), 2048)
+    got = generate_tokens(model, PROMPT[shared:], reused, 2048)
+    cold = generate_tokens(
+        model, PROMPT, make_prompt_cache(model, "turbo4", recent_exact=1), 2048
+    )
     assert got[0] == cold[0]
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
 
 # recent_exact 8: caches that cannot be trimmed, so the server reuses prefixes untrimmed
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("recent", ["1", "8"])
 def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model, recent):
     # The issue's report: the next request reuses a prefix from the prompt cache that
     # ends inside a message (where the server's own prefill would not split the prompt);
     # its answer, down to the log-probabilities, must be the cold one. (turbo2 on every
     # layer: before the rule these moved by 0.07-0.08; now by one fp16 rounding.)
-    from test_server import Server
+    from helpers import Server
 
     def ask(server, content, max_tokens):
         messages = [{"role": "user", "content": content}]
@@ -134,12 +123,6 @@ def test_a_server_answers_as_a_cold_server_after_any_history(tiny_model, recent)
         assert (logprobs - cold_logprobs).abs().max().item() < ROUNDING
 
 
-def load_sliding(tiny_model, arch):
-    model, tokenizer = load(str(tiny_model(arch)))
-    model.set_dtype(mx.float32)
-    return model, tokenizer
-
-
 @pytest.fixture
 def experts_unsorted_on_cuda(monkeypatch):
     """GPT-OSS's experts without ``mx.gather_mm``'s ``sorted_indices`` hint on MLX-CUDA.
@@ -169,7 +152,7 @@ def test_sliding_window_models_generate_the_same_for_every_prefill_step_size(
     # first chunk: the log-probabilities moved by 0.3 to 6.6 with the step size.
     model, _ = load_sliding(tiny_model, arch)
     runs = {
-        step: run(
+        step: generate_tokens(
             model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), step
         )
         for step in (64, 16, 8, 7, 1)
@@ -194,12 +177,14 @@ def test_a_sliding_window_cache_reused_or_reloaded_equals_a_cold_one(
     prefix = make_prompt_cache(model, "turbo4", boundary_skip=0)
     model(mx.array([PROMPT[:shared]]), cache=prefix)
     save_prompt_cache(str(tmp_path / "prefix.safetensors"), prefix)
-    cold = run(model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), 2048)
+    cold = generate_tokens(
+        model, PROMPT, make_prompt_cache(model, "turbo4", boundary_skip=0), 2048
+    )
     for reused in (
         copy.deepcopy(prefix),
         load_prompt_cache(str(tmp_path / "prefix.safetensors")),
     ):
-        got = run(model, PROMPT[shared:], reused, 2048)
+        got = generate_tokens(model, PROMPT[shared:], reused, 2048)
         assert got[0] == cold[0]
         assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
@@ -238,21 +223,12 @@ def test_sliding_window_batches_generate_the_same_for_every_prefill_step_size(
     # and each row answers as the sequence alone
     for prompt, row in zip(prompts, tokens):
         cache = make_prompt_cache(model, "turbo4", boundary_skip=0, recent_exact=recent)
-        assert run(model, prompt, cache, 64)[0] == row
+        assert generate_tokens(model, prompt, cache, 64)[0] == row
 
 
 # -- the sliding-window caches themselves, bit for bit on CPU --------------------------
 H, D, HQ, WINDOW = 2, 64, 4, 16
 BIT_EXACT = mx.default_device().type == mx.cpu
-
-
-def window_kv(n, seed=0):
-    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
-    bias = 3.0 * mx.random.normal((1, H, 1, D), key=k3)  # statistics that matter
-    keys = (mx.random.normal((1, H, n, D), key=k1) + bias).astype(mx.float16)
-    values = mx.random.normal((1, H, n, D), key=k2).astype(mx.float16)
-    queries = mx.random.normal((1, HQ, n, D), key=k3).astype(mx.float16)
-    return keys, values, queries
 
 
 def same(a, b):
@@ -332,21 +308,6 @@ def test_a_sliding_window_trimmed_saved_and_reloaded_continues_like_a_cold_one(
     )
     assert same(loaded.codec.key_mean, cold.codec.key_mean)
     assert same(got, decoded)
-
-
-def right_padded(arrays, lengths):
-    width = max(lengths)
-    return mx.concatenate(
-        [
-            mx.pad(a[:, :, :n], [(0, 0), (0, 0), (0, width - n), (0, 0)])
-            for a, n in zip(arrays, lengths)
-        ]
-    )
-
-
-# Outputs of magnitude ~2 in float16 (an ulp of 2e-3) summed in other orders by other
-# shapes (measured: up to 2e-3); before, rows differed by far more (see the test).
-FP16_ROUNDING = 4e-3
 
 
 @pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)
@@ -434,28 +395,6 @@ def test_a_sliding_window_batch_reads_as_each_sequence_alone_whatever_the_chunki
         assert extracted.offset == lengths[i] + decode and extracted.sinks is None
         for a, b in zip(extracted.recent or (), singles[i][3].recent or ()):
             assert mx.array_equal(a, b).item(), i
-
-
-def chunked_outputs(cache, chunks, keys, values, queries):
-    """Each chunk's attention output as the model would compute it (the turbo path for
-    a TurboKV, mlx-lm's attention for the uncompressed start)."""
-    outs, start = [], 0
-    for n in chunks:
-        k, v = keys[:, :, start : start + n], values[:, :, start : start + n]
-        fetched, fetched_values = cache.update_and_fetch(k, v)
-        q = queries[:, :, start : start + n]
-        if isinstance(fetched, mx.array):
-            mask = "causal" if n > 1 else None
-            outs.append(
-                mx.fast.scaled_dot_product_attention(
-                    q, fetched, fetched_values, scale=D**-0.5, mask=mask
-                )
-            )
-        else:
-            mask = "causal" if n > 1 else None
-            outs.append(turbo_scaled_dot_product_attention(q, fetched, D**-0.5, mask))
-        start += n
-    return mx.concatenate(outs, axis=2)
 
 
 @pytest.mark.parametrize("recent", [1, 8])  # recent_exact (test_recent_exact.py)

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from helpers import BIN, free_port, run
 from mlx_lm import load, stream_generate
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from tiny_models import ARCHITECTURES
@@ -19,21 +20,7 @@ from mlx_lm_turbo import make_prompt_cache
 
 pytestmark = pytest.mark.slow  # subprocesses: the quick loop is pytest -m 'not slow'
 
-BIN = Path(sys.executable).parent
 SCHEMES = ("turbo4", "turbo3", "turbo4v2", "turbo0v4")
-
-
-def run(command, *args, env=None, stdin=None, timeout=240):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [str(BIN / command), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        input=stdin,
-        timeout=timeout,
-    )
 
 
 def model_type(path):
@@ -356,20 +343,12 @@ def test_perplexity_runs_through_the_compressed_cache(tiny_model, monkeypatch, c
     )
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_serves_with_compressed_caches(tiny_model):
     import json
     import time
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
     server = subprocess.Popen(
         [
@@ -418,7 +397,7 @@ def test_server_with_a_bad_scheme_exits_at_once(tiny_model):
         "--model",
         tiny_model("qwen3"),
         "--port",
-        _free_port(),
+        free_port(),
         "--kv-scheme",
         "turbo7",
         timeout=60,

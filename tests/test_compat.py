@@ -48,6 +48,7 @@ def probe(version, *argv, run_main=False, env=None):
     )
 
 
+@pytest.mark.slow  # a subprocess
 def test_outside_the_tested_range_nothing_is_patched_and_nothing_said():
     result = probe("0.33.0")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -60,6 +61,7 @@ def test_outside_the_tested_range_nothing_is_patched_and_nothing_said():
     )
 
 
+@pytest.mark.slow  # a subprocess
 def test_outside_the_range_a_requested_scheme_gets_one_notice(tiny_model):
     path = tiny_model("llama")
     result = probe(

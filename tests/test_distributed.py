@@ -363,8 +363,7 @@ def test_a_two_rank_tensor_server_batches_turbo4_requests(
     import threading
     from pathlib import Path
 
-    from test_cli import BIN, _free_port
-    from test_server import Server, chat, text_of
+    from helpers import BIN, Server, chat, free_port, text_of
 
     model_dir = shardable_model_dir(
         "llama", tiny_model, Path(tiny_tokenizer_dir), tmp_path
@@ -372,7 +371,7 @@ def test_a_two_rank_tensor_server_batches_turbo4_requests(
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
     env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
     server = Server.__new__(Server)  # its client half; started under mlx.launch here
-    server.port = _free_port()
+    server.port = free_port()
     server.process = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "mlx.launch"),

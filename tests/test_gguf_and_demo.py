@@ -8,75 +8,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import exit_status, write_tiny_gguf
 from mlx_lm import load
-from tokenizers.pre_tokenizers import ByteLevel
 
 from mlx_lm_turbo.tools import demo
 from mlx_lm_turbo.tools.gguf import convert_gguf
-
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def write_tiny_gguf(
-    path, architecture="llama", layers=2, hidden=128, heads=2, kv_heads=1
-):
-    alphabet = sorted(ByteLevel.alphabet())
-    merges = ["h e", "l l", "he ll"]
-    tokens = SPECIAL + alphabet + ["he", "ll", "hell"]
-    mx.random.seed(0)
-
-    def w(*shape):
-        return (0.05 * mx.random.normal(shape)).astype(mx.float32)
-
-    head_dim = hidden // heads
-    arrays = {
-        "token_embd.weight": w(len(tokens), hidden),
-        "output_norm.weight": mx.ones((hidden,)),
-    }
-    for i in range(layers):
-        arrays.update(
-            {
-                f"blk.{i}.attn_q.weight": w(hidden, hidden),
-                f"blk.{i}.attn_k.weight": w(kv_heads * head_dim, hidden),
-                f"blk.{i}.attn_v.weight": w(kv_heads * head_dim, hidden),
-                f"blk.{i}.attn_output.weight": w(hidden, hidden),
-                f"blk.{i}.ffn_gate.weight": w(256, hidden),
-                f"blk.{i}.ffn_up.weight": w(256, hidden),
-                f"blk.{i}.ffn_down.weight": w(hidden, 256),
-                f"blk.{i}.attn_norm.weight": mx.ones((hidden,)),
-                f"blk.{i}.ffn_norm.weight": mx.ones((hidden,)),
-            }
-        )
-
-    def u32(v):
-        return mx.array(v, dtype=mx.uint32)
-
-    meta = {
-        "general.architecture": architecture,
-        "llama.block_count": u32(layers),
-        "llama.embedding_length": u32(hidden),
-        "llama.feed_forward_length": u32(256),
-        "llama.attention.head_count": u32(heads),
-        "llama.attention.head_count_kv": u32(kv_heads),
-        "llama.attention.layer_norm_rms_epsilon": mx.array(1e-5, dtype=mx.float32),
-        "llama.context_length": u32(2048),
-        "llama.rope.freq_base": mx.array(10000.0, dtype=mx.float32),
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.token_type": mx.array(
-            [3] * len(SPECIAL) + [1] * (len(tokens) - len(SPECIAL)), dtype=mx.int32
-        ),
-        "tokenizer.ggml.bos_token_id": u32(1),
-        "tokenizer.ggml.eos_token_id": u32(2),
-        "tokenizer.chat_template": TEMPLATE,
-    }
-    mx.save_gguf(str(path), arrays, meta)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -383,16 +319,6 @@ def test_demo_compares_fp16_and_turbo(tiny_model_dir, capsys, window, bound):
         layers_heads * 4 * (head_dim * (2 + 2) // 32 + 1),
     ]
     assert "each further token costs what the fourth column says" in out
-
-
-def exit_status(argv):
-    """``mlx-lm-turbo ARGV`` in this process: its exit status."""
-    from mlx_lm_turbo.tools.cli import main
-
-    try:
-        return main(argv) or 0
-    except SystemExit as exit:
-        return exit.code
 
 
 @pytest.mark.parametrize(

@@ -1,19 +1,13 @@
 """The shared SIMD decode-attention kernels (CUDA and Metal from one source) against
 the portable path.
 
-Everywhere: the sources each backend gets, the calls' support, and the kernels'
-arithmetic re-done in MLX ops (``emulated_kernels``) on the very inputs a call passes:
-that checks the wrapper (inputs, template values, grid) and the slice-and-merge design,
-not the bodies' code, which the kernel cases run.
-The kernel cases (fixture ``gpu_kernels``): this GPU's build of the shared bodies (CUDA
-or Metal) against the portable path, as tests/test_kernels.py checks the fused kernel
-(same tolerances); without a GPU, both builds run on the CPU (tests/gpu_on_cpu.py), as
-CI runs them. The CUDA build passed them on the H200; on an Apple GPU this file is the
-run that can verify the Metal build, which no Metal compiler has seen here (no Apple
-hardware).
+Everywhere: the sources each backend gets and the calls' support. The kernel cases
+(fixture ``gpu_kernels``): this GPU's build of the shared bodies (CUDA or Metal)
+against the portable path, as tests/test_kernels.py checks the fused kernel (same
+tolerances); without a GPU, both builds run on the CPU (tests/gpu_on_cpu.py), as CI
+runs them. On an Apple GPU this file is the run that can verify the Metal build.
 """
 
-import math
 import re
 import shutil
 import tempfile
@@ -21,20 +15,17 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import relative_error, scripts_compile_kernels
-from test_kernels import (
-    TOLERANCE,
+from helpers import (
     WIDTHS,
     assert_as_portable,
     filled_cache,
     latin_cases,
+    scripts_compile_kernels,
     step_inputs,
 )
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.codec.codec import split_rows
-from mlx_lm_turbo.codec.packing import unpack
 from mlx_lm_turbo.kernels import KERNEL_ENV, dispatch
 from mlx_lm_turbo.kernels import decode_attention_simd as simd
 
@@ -213,261 +204,9 @@ def test_on_apple_gpus_only_on_turns_the_simple_kernels_on(monkeypatch):
     assert "head dim 96" in dispatch.layer_support(96, 96)
 
 
-# -- the kernels' arithmetic in MLX ops, on any machine ------------------------------
-MASKED = -1e30
-
-
-def exp2(x):
-    return mx.exp(x * math.log(2))
-
-
 def recent_tokens(recent):
     """A cache's options for ``recent`` exact recent tokens (None: the default)."""
     return {} if recent is None else {"recent_exact": recent}
-
-
-def emulated_kernels(calls):
-    """Stand-ins for the two kernels computing what their bodies compute (per slice,
-    not per simd-group: within a slice only the order of the sums differs) with MLX
-    ops, from the inputs, template values and grid a call passes (kept in ``calls``)."""
-
-    def partials(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
-        calls.append(dict(inputs=inputs, template=template, grid=grid))
-        q, consts, kscale, keys, rows = inputs[:5]
-        sink_keys, sink_values, sink_pos, tail_keys, tail_values, mask = inputs[5:]
-        t = dict(template)
-        D, G, L, R, KB, VB = (t[k] for k in ("D", "G", "L", "R", "KB", "VB"))
-        flags, window = t["FLAGS"], t["WINDOW"]
-        B, H, NRG, n_parts = output_shapes[0][:4]
-        T, rows_n = rows.shape[2], NRG * R
-        assert grid == (n_parts * simd.THREADS, B * H * NRG, 1)
-        x = q.astype(mx.float32).reshape(B, H, G * L, D)  # row g * L + i
-        if flags & 8:
-            x = x * kscale[:, :, None, :]
-        if KB:
-            x = mx.hadamard_transform(x * consts[2 : 2 + D], scale=1.0)
-        x = mx.pad(x * consts[0], [(0, 0), (0, 0), (0, rows_n - G * L), (0, 0)])
-        row = mx.arange(rows_n)[:, None]
-        i, first_query = row % L, T - L
-        key_codes, key_norms, value_codes, value_norms = split_rows(rows, D * KB // 32)
-        levels = 2 + 2 * D
-        if KB:
-            keys = consts[levels : levels + 2**KB][unpack(key_codes, KB, D)] * key_norms
-            levels += 2**KB
-        values = consts[levels : levels + 2**VB][unpack(value_codes, VB, D)]
-        values = values * value_norms
-        n_exact = tail_keys.shape[2] if flags & 16 else 0
-        positions = sink_pos[:, 0, :, 0] if flags & 32 else mx.zeros((B, 0), mx.int32)
-        n_sinks = positions.shape[1]
-
-        def exact_here(at):  # at: (B, n) token positions -> (B, 1, rows, n)
-            at = at[:, None, None, :]
-            return (at >= T - n_exact) & (
-                mx.array(window <= 0) | (at > first_query + i - window)
-            )
-
-        def scores(keys, at, take):
-            s = x @ keys.astype(mx.float32).swapaxes(-1, -2)
-            visible = take & (row < G * L)
-            at = at[:, None, None, :]
-            term = 0.0
-            if flags & 3 == 1:
-                visible = visible & (at <= first_query + i)
-            elif flags & 3 == 2:
-                m = mask.reshape(B, H, G * L, T)
-                m = mx.pad(m, [(0, 0), (0, 0), (0, rows_n - G * L), (0, 0)])
-                m = mx.take_along_axis(
-                    m, mx.broadcast_to(at, (B, H, rows_n, at.shape[-1])), -1
-                )
-                if flags & 4:
-                    visible = visible & m
-                else:
-                    term = m.astype(mx.float32) * math.log2(math.e)
-            return mx.where(visible, mx.maximum(s + term, MASKED), MASKED)
-
-        every = mx.broadcast_to(mx.arange(T)[None], (B, T))
-        is_sink = (positions[:, :, None] == every[:, None, :]).any(axis=1)
-        compressed = scores(keys, every, ~(is_sink[:, None, None] | exact_here(every)))
-        exact_at = mx.concatenate(
-            [positions, mx.broadcast_to(mx.arange(T - n_exact, T)[None], (B, n_exact))],
-            1,
-        )
-        from_sink = mx.arange(n_sinks + n_exact) < n_sinks
-        here = exact_here(exact_at)
-        exact_keys = [a for a, f in ((sink_keys, 32), (tail_keys, 16)) if flags & f]
-        exact_values = [
-            a for a, f in ((sink_values, 32), (tail_values, 16)) if flags & f
-        ]
-        n_splits = n_parts - (n_exact + n_sinks > 0)
-        split_len = math.ceil(math.ceil(T / n_splits) / 32) * 32
-        pieces = [
-            (compressed[..., a : a + split_len], values[:, :, a : a + split_len])
-            for a in range(0, n_splits * split_len, split_len)
-        ]
-        if exact_keys:
-            pieces.append(
-                (
-                    scores(
-                        mx.concatenate(exact_keys, 2),
-                        exact_at,
-                        mx.where(from_sink, ~here, here),
-                    ),
-                    mx.concatenate(exact_values, 2).astype(mx.float32),
-                )
-            )
-        outs, stats = [], []
-        for s, v in pieces:
-            if s.shape[-1] == 0:
-                s = mx.full((*s.shape[:-1], 1), MASKED)
-                v = mx.zeros((B, H, 1, D))
-            M = s.max(axis=-1, keepdims=True)
-            p = mx.where(s > MASKED, exp2(s - M), 0.0)
-            outs.append(p @ v)
-            stats.append(mx.concatenate([M, p.sum(axis=-1, keepdims=True)], -1))
-
-        def parted(parts):  # n_parts x (B, H, rows, k) -> (B, H, NRG, n_parts, R, k)
-            a = mx.stack(parts, 2).reshape(B, H, n_parts, NRG, R, -1)
-            return a.transpose(0, 1, 3, 2, 4, 5)
-
-        return parted(outs), parted(stats)
-
-    def merge(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
-        parts, stats, consts, logits = inputs
-        t = dict(template)
-        D, G, L, R = (t[k] for k in ("D", "G", "L", "R"))
-        B, H, NRG = stats.shape[:3]
-        M = stats[..., 0].max(axis=3)  # (B, H, NRG, R)
-        if t["HAS_SINKS"]:
-            sink = logits.reshape(B, H, G * L)
-            sink = mx.pad(
-                sink, [(0, 0), (0, 0), (0, NRG * R - G * L)], constant_values=MASKED
-            )
-            sink = sink.reshape(B, H, NRG, R)
-            M = mx.maximum(M, sink)
-        w = exp2(stats[..., 0] - M[:, :, :, None])
-        total = (w * stats[..., 1]).sum(axis=3)
-        if t["HAS_SINKS"]:
-            total = total + exp2(sink - M)
-        o = (w[..., None] * parts).sum(axis=3)
-        o = mx.where(total[..., None] > 0, o / total[..., None], 0.0)
-        o = o.reshape(B, H, NRG * R, D)[:, :, : G * L]
-        o = mx.hadamard_transform(o, scale=1.0) * consts[1] * consts[2 + D : 2 + 2 * D]
-        return [o.reshape(output_shapes[0]).astype(output_dtypes[0])]
-
-    return partials, merge
-
-
-def emulated_check(monkeypatch, q, view, mask, sinks=None):
-    calls = []
-    monkeypatch.setattr(simd, "kernels", lambda backend: emulated_kernels(calls))
-    if view.pending is not None:  # on MLX-CUDA a decode token waits for the fast kernel
-        view.pending.settle(view)
-    scale = q.shape[-1] ** -0.5
-    out = simd.simd_decode_attention(q, view, scale, mask, sinks, backend="metal")
-    assert out is not None and len(calls) == 1
-    # the portable path itself (on MLX-CUDA the fused kernel would serve this call)
-    monkeypatch.setenv(KERNEL_ENV, "off")
-    portable = turbo_scaled_dot_product_attention(q, view, scale, mask, sinks)
-    assert out.shape == portable.shape and out.dtype == portable.dtype
-    assert relative_error(out, portable) < TOLERANCE
-    return calls[0]
-
-
-def test_emulated_check_encodes_a_token_left_for_the_fast_kernel(monkeypatch):
-    # As on MLX-CUDA, whose caches leave a decode token to the fast kernel to encode:
-    # the simple kernel declines such a view, so the checks encode the token first.
-    import mlx_lm_turbo.cache.cache as cache_module
-
-    monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 64, mx.float32)
-    q, view, mask = step_inputs(cache, 1, 2, 4, 64, mx.float32)
-    assert view.pending is cache
-    emulated_check(monkeypatch, q, view, mask)
-    assert view.pending is None
-
-
-@pytest.mark.parametrize(
-    "scheme", ["turbo4", "turbo3", "turbo2", "turbo8", "turbo3v2", "turbo0v4"]
-)
-@pytest.mark.parametrize("D", [64, 128])
-def test_emulated_widths_and_head_dims(monkeypatch, scheme, D):
-    cache = filled_cache(TurboQuantKVCache(scheme), 300, 2, D, mx.float32)
-    q, view, mask = step_inputs(cache, 1, 2, 4, D, mx.float32)
-    emulated_check(monkeypatch, q, view, mask)
-
-
-@pytest.mark.parametrize("G, L", [(1, 1), (3, 8), (5, 2), (8, 2)])
-def test_emulated_gqa_ratios_and_verify_steps(monkeypatch, G, L):
-    # 5 x 2 rows at head dim 128: two groups of 8 rows, the second padded
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 700, 2, 128, mx.float32)
-    q, view, mask = step_inputs(cache, L, 2, G, 128, mx.float32)
-    call = emulated_check(monkeypatch, q, view, mask)
-    assert dict(call["template"])["R"] == min(G * L, 8)
-
-
-@pytest.mark.parametrize("calibration", ["none", "center", "center+scale"])
-def test_emulated_calibrations_and_attention_sinks(monkeypatch, calibration):
-    cache = filled_cache(
-        TurboQuantKVCache("turbo4", key_calibration=calibration),
-        300,
-        2,
-        64,
-        mx.float16,
-    )
-    q, view, mask = step_inputs(cache, 2, 2, 2, 64, mx.float16)
-    sinks = 3 * mx.random.normal((4,), key=mx.random.key(3))
-    emulated_check(monkeypatch, q, view, mask, sinks)
-
-
-@pytest.mark.parametrize("recent", [None, 8])
-def test_emulated_sliding_windows(monkeypatch, recent):
-    cache = filled_cache(
-        TurboQuantRotatingKVCache("turbo4", max_size=64, **recent_tokens(recent)),
-        150,
-        2,
-        64,
-        mx.float32,
-        chunk=50,
-    )
-    for step in range(2):
-        mask = cache.make_mask(1, window_size=64)
-        q, view, _ = step_inputs(cache, 1, 2, 2, 64, mx.float32, seed=10 + step)
-        assert view.sinks is not None
-        emulated_check(monkeypatch, q, view, mask)
-
-
-@pytest.mark.parametrize("L", [1, 4])
-def test_emulated_recent_tokens_read_exactly(monkeypatch, L):
-    cache = filled_cache(
-        TurboQuantKVCache("turbo3", recent_exact=16), 200, 2, 64, mx.float32
-    )
-    q, view, mask = step_inputs(cache, L, 2, 2, 64, mx.float32)
-    assert view.window == 16
-    emulated_check(monkeypatch, q, view, mask)
-
-
-@pytest.mark.parametrize("additive", [False, True])
-def test_emulated_batch_rows_with_left_padding(monkeypatch, additive):
-    singles = [
-        filled_cache(TurboQuantKVCache("turbo3"), n, 2, 64, mx.float32, seed=n)
-        for n in (300, 40, 500)
-    ]
-    batch = TurboQuantKVCache.merge(singles)
-    k = mx.random.normal((3, 2, 1, 64), key=mx.random.key(1))
-    q = mx.random.normal((3, 4, 1, 64), key=mx.random.key(2))
-    mask = batch.make_mask(1, return_array=True)
-    if additive:
-        mask = mx.where(mask, 0.0, -mx.inf)
-    view, _ = batch.update_and_fetch(k, k)
-    call = emulated_check(monkeypatch, q, view, mask)
-    assert dict(call["template"])["FLAGS"] & 7 == (2 if additive else 6)
-
-
-def test_emulated_long_context_uses_every_part(monkeypatch):
-    cache = filled_cache(TurboQuantKVCache("turbo4"), 9000, 1, 64, mx.float32)
-    q, view, mask = step_inputs(cache, 1, 1, 1, 64, mx.float32)
-    call = emulated_check(monkeypatch, q, view, mask)
-    assert call["grid"][0] == simd.MAX_PARTS * simd.THREADS  # 63 slices + the tail
 
 
 # -- the kernels: a GPU's build of the shared bodies, or both builds on the CPU -----

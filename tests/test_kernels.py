@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from conftest import (
+from helpers import (
     ON_CUDA,
     forget_kernels,
     outlier_keys,

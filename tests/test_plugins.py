@@ -7,8 +7,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from helpers import run
 from mlx_lm import load
-from test_cli import run
 
 import mlx_lm_turbo
 import mlx_lm_turbo.plugin.manager as plugins
@@ -52,6 +52,7 @@ def with_path(site):
     }
 
 
+@pytest.mark.slow  # pip install and subprocesses
 def test_example_plugin_override_takes_effect(example_plugin_site, tiny_model):
     path = tiny_model("qwen3")
     result = run(
@@ -95,6 +96,7 @@ def test_example_plugin_override_takes_effect(example_plugin_site, tiny_model):
     assert "KV caches 6 x turbo3" in result.stderr
 
 
+@pytest.mark.slow  # a subprocess
 def test_broken_plugin_warns_by_name_and_mlx_lm_still_works(tmp_path, tiny_model):
     dist = tmp_path / "broken_turbo_plugin-0.1.dist-info"
     dist.mkdir()
@@ -177,6 +179,7 @@ def test_python_override_and_per_layer_schemes(tiny_model, monkeypatch):
     ]
 
 
+@pytest.mark.slow  # a subprocess
 def test_doctor_reports_autoload_adapters_and_refused_modules(tiny_model):
     result = run("mlx-lm-turbo", "doctor")
     assert result.returncode == 0
@@ -200,6 +203,7 @@ def test_doctor_reports_autoload_adapters_and_refused_modules(tiny_model):
     assert "auto-loading: off" in result.stdout
 
 
+@pytest.mark.slow  # a subprocess
 def test_python_api_example_runs(tiny_model):
     example = Path(__file__).resolve().parent.parent / "examples" / "python_api.py"
     result = subprocess.run(
@@ -242,6 +246,32 @@ def fresh_plugins(tmp_path, monkeypatch):
     yield tmp_path
     plugins.plugin_manager.cache_clear()
     registry_module.registry.cache_clear()
+
+
+def test_the_example_plugin_through_an_entry_point(fresh_plugins, tiny_model):
+    """examples/turbo-plugin-example's module, published under the entry-point group as
+    its pyproject.toml publishes it (the slow test above pip-installs it)."""
+    dist = fresh_plugins / "turbo_plugin_example-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: turbo-plugin-example\nVersion: 0.1.0\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[mlx_lm_turbo]\nqwen3_override = turbo_plugin_example\n"
+    )
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        qwen3, _ = load(str(tiny_model("qwen3")))
+        schemes = [
+            c.scheme.name for c in mlx_lm_turbo.make_prompt_cache(qwen3, "turbo3")
+        ]
+        llama, _ = load(str(tiny_model("llama")))
+        plain = [c.scheme.name for c in mlx_lm_turbo.make_prompt_cache(llama, "turbo3")]
+    finally:
+        sys.path.remove(str(EXAMPLE))
+        sys.modules.pop("turbo_plugin_example", None)
+    assert schemes == ["turbo8"] + ["turbo8v4"] * 4 + ["turbo8"]
+    assert plain == ["turbo3"] * 6  # other families untouched
 
 
 def test_the_plugin_api_is_exported_from_the_package():

@@ -12,7 +12,7 @@ the portable path with bfloat16 queries is about 3.5e-3 from it.
 
 import mlx.core as mx
 import pytest
-from conftest import outlier_keys, relative_error
+from helpers import outlier_keys, relative_error
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention

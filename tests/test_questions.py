@@ -4,7 +4,7 @@ model's knowledge (random weights answer nonsense)."""
 import json
 
 import pytest
-from test_gguf_and_demo import exit_status
+from helpers import exit_status
 
 from mlx_lm_turbo import parse_scheme
 from mlx_lm_turbo.tools import questions

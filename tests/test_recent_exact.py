@@ -8,22 +8,23 @@ import json
 
 import mlx.core as mx
 import pytest
+from helpers import (
+    FP16_ROUNDING,
+    PROMPT,
+    ROUNDING,
+    chunked_outputs,
+    generate_tokens,
+    load_sliding,
+    right_padded,
+    sequences,
+    window_kv,
+)
 from mlx_lm import load
 from mlx_lm.models.cache import (
     LRUPromptCache,
     load_prompt_cache,
     save_prompt_cache,
     trim_prompt_cache,
-)
-from test_batch_cache import right_padded, sequences
-from test_chunk_invariance import (
-    FP16_ROUNDING,
-    PROMPT,
-    ROUNDING,
-    chunked_outputs,
-    load_sliding,
-    run,
-    window_kv,
 )
 
 import mlx_lm_turbo.settings as settings
@@ -137,14 +138,16 @@ def test_generate_is_the_same_for_every_prefill_step_size(tiny_model, arch):
     def cache(recent):
         return make_prompt_cache(model, "turbo2", boundary_skip=0, recent_exact=recent)
 
-    runs = {step: run(model, PROMPT, cache(W), step) for step in (64, 16, 7, 1)}
+    runs = {
+        step: generate_tokens(model, PROMPT, cache(W), step) for step in (64, 16, 7, 1)
+    }
     tokens, logprobs = runs[64]
     for step, (t, p) in runs.items():
         assert t == tokens, step
         assert (p - logprobs).abs().max().item() < ROUNDING, step
     # what the window changes is far more than the rounding
     assert (
-        run(model, PROMPT, cache(1), 64)[1] - logprobs
+        generate_tokens(model, PROMPT, cache(1), 64)[1] - logprobs
     ).abs().max().item() > ROUNDING
 
 
@@ -163,7 +166,7 @@ def test_a_cache_reused_or_reloaded_equals_a_cold_one(
     model(mx.array([PROMPT[:shared]]), cache=prefix)
     path = str(tmp_path / "prefix.safetensors")
     save_prompt_cache(path, prefix)
-    cold = run(model, PROMPT, cache(), 2048)
+    cold = generate_tokens(model, PROMPT, cache(), 2048)
     loaded = load_prompt_cache(path)
     for c in loaded:
         meta = json.loads(c.meta_state[0])
@@ -173,7 +176,7 @@ def test_a_cache_reused_or_reloaded_equals_a_cold_one(
         )
         assert c.recent[0].shape[2] == W - 1
     for reused in (copy.deepcopy(prefix), loaded):
-        got = run(model, PROMPT[shared:], reused, 2048)
+        got = generate_tokens(model, PROMPT[shared:], reused, 2048)
         assert got[0] == cold[0]
         assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
@@ -222,8 +225,8 @@ def test_the_servers_prompt_cache_reuses_a_prefix_without_trimming(tiny_model):
     lru.insert_cache("m", shared + other, longer)
     reused, rest = lru.fetch_nearest_cache("m", PROMPT)
     assert rest == PROMPT[30:] and reused[0].offset == 30
-    got = run(model, rest, reused, 2048)
-    cold = run(model, PROMPT, cache(), 2048)
+    got = generate_tokens(model, rest, reused, 2048)
+    cold = generate_tokens(model, PROMPT, cache(), 2048)
     assert got[0] == cold[0]
     assert (got[1] - cold[1]).abs().max().item() < ROUNDING
 
@@ -382,7 +385,7 @@ def test_nbytes_counts_the_recent_copies():
 
 
 def test_the_command_option_reaches_the_caches(tiny_model, monkeypatch):
-    from test_bad_input import run_main
+    from helpers import run_main
 
     import mlx_lm_turbo.plugin.prompt_cache as prompt_cache
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from helpers import BIN
 from mlx_lm import load
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
-from test_cli import BIN
 
 import mlx_lm_turbo.codec.rotation as rotation
 from mlx_lm_turbo import make_prompt_cache
@@ -47,6 +47,7 @@ def generate(tmp_path, *args):
 ZERO_ONE_ZERO = "saved by mlx-lm-turbo 0.1.0, which compressed under other rules"
 
 
+@pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("name", ["plain", "rotating"])
 def test_a_file_saved_by_0_1_0_is_refused_with_the_reason(name, tmp_path):
     """0.1.0's files cannot continue as 0.1.0 did under today's rules (16 sink tokens,
@@ -98,6 +99,7 @@ def with_meta_changed(source, target, change, checksummed=False):
     ],
     ids=["newer", "incomplete"],
 )
+@pytest.mark.slow  # a subprocess
 def test_newer_and_incomplete_files_are_refused_by_the_commands_with_the_reason(
     change, why, tmp_path
 ):

@@ -1,9 +1,5 @@
 """mlx_lm.server --kv-scheme: batched serving under concurrent load (real HTTP on 127.0.0.1)."""
 
-import json
-import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -12,10 +8,9 @@ import urllib.request
 
 import pytest
 import tiny_models
-from conftest import count_merges
+from helpers import LLAMA_HD16, Server, chat, count_merges, text_of
 from mlx_lm import load, stream_generate
 from mlx_lm.generate import batch_generate
-from test_cli import BIN, _free_port
 from tiny_models import ARCHITECTURES
 
 import mlx_lm_turbo.settings as settings
@@ -50,75 +45,6 @@ def test_batch_generate_with_turbo_caches_matches_one_at_a_time(
         for p in prompts
     ]
     assert batched == one_at_a_time
-
-
-class Server:
-    def __init__(self, model, *args, command=(str(BIN / "mlx_lm.server"),)):
-        self.port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
-        env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
-        self.process = subprocess.Popen(
-            [
-                *command,
-                "--model",
-                str(model),
-                "--port",
-                str(self.port),
-                *args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        deadline = time.time() + 60
-        while True:  # ready once it accepts connections
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.time() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("the server did not start")
-                time.sleep(0.2)
-
-    def ask(self, path, payload, stream=False):
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            data=json.dumps({**payload, "stream": stream}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            body = response.read().decode()
-        if not stream:
-            return json.loads(body)
-        chunks = [
-            json.loads(line[6:])
-            for line in body.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"
-        ]
-        return chunks
-
-    def refusal(self, payload):
-        """(HTTP status, error message) of a request that must be refused."""
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            self.ask("/v1/chat/completions", payload)
-        return refused.value.code, json.loads(refused.value.read())["error"]
-
-    def stop(self):
-        self.process.terminate()
-        return self.process.communicate(timeout=30)[1]
-
-
-def chat(content, max_tokens=8):
-    return {
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-    }
-
-
-def text_of(reply):
-    return reply["choices"][0]["message"]["content"]
 
 
 def cold_answer(model, tokenizer, request):
@@ -307,7 +233,6 @@ sys.exit(main())
 def test_a_request_that_fails_leaves_the_server_serving_everyone_else(
     tiny_model, monkeypatch
 ):
-    from test_bad_input import LLAMA_HD16
 
     monkeypatch.setitem(tiny_models.CONFIGS, "llama_hd16", LLAMA_HD16)
     unservable = str(tiny_model("llama_hd16"))

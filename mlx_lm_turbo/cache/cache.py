@@ -727,9 +727,8 @@ class TurboQuantKVCache(_TurboCache):
 
     A decode token whose layer the fused kernels serve is not encoded here: the view
     carries it as the model gave it (``TurboKV.pending``) and the attention launch
-    encodes it too, its row stored after the call (``store_row``); on MLX-CUDA each
-    custom call costs the host more than the encoding's GPU time
-    (benchmarks/results/op_costs_h200_2e8918a.md). Anything else that reads the cache
+    encodes it too, its row stored after the call (``store_row``): on MLX-CUDA each
+    custom call costs the host more than the encoding's GPU time. Anything else that reads the cache
     first has it encoded as a plain update would (``settle``).
 
     Where no one else can hold the token's slot, the launch writes the row there itself:
@@ -932,9 +931,7 @@ class TurboQuantKVCache(_TurboCache):
         The ordering takes one kernel that reads both the buffer and the launch's
         output: a slice update alone would not do, as MLX-CUDA copies a buffer it
         cannot donate in a kernel of its own, ordered only after that buffer's last
-        known writer, so the copy could miss the rows launches write meanwhile (on the
-        H200 it lost the first of six steps' rows:
-        benchmarks/results/rows_in_place_h200_f6e8e08.md)."""
+        known writer, so the copy could miss the rows launches write meanwhile."""
         if self._rows_in_place is not None:
             position, rows = self._rows_in_place
             self._rows_in_place = None

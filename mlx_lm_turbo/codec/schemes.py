@@ -5,9 +5,8 @@
 
 ``turbo4`` is 4-bit keys and values, ``turbo4v2`` 4-bit keys and 2-bit values,
 ``turbo0v4`` keeps keys in fp16 and stores 4-bit values. Keys alone come at 5 and 6
-bits: attention's scores need the keys' precision more than its output the values'
-(benchmarks/results/key_bits_1k_cpu.md), so ``turbo5v3`` spends turbo4's bits with
-less error; a bare ``turbo5`` is refused (the suggestion is turbo5v3). ``-compact`` (the Swift
+bits: attention's scores need the keys' precision more than its output the values',
+so ``turbo5v3`` spends turbo4's bits with less error; a bare ``turbo5`` is refused (the suggestion is turbo5v3). ``-compact`` (the Swift
 port's name for compressed-domain decode) is accepted and means the same storage:
 this cache never keeps an fp16 copy, and the fused kernels serve every scheme.
 """

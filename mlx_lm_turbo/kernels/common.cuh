@@ -218,8 +218,7 @@ __device__ __forceinline__ uint32_t shuffled_levels(uint32_t lane_level, uint32_
 // the low half), each entry held COPIES times side by side (entry e's copies at
 // COPIES * e ..), filled by a block's threads from the levels their lanes hold: shuffles,
 // where a global load of both levels an entry made the 4-bit table's fill a quarter of a
-// short launch's instructions, each waiting on its loads
-// (benchmarks/results/decode_stack_h200_0f6aa88.md). Every lane of a warp takes each
+// short launch's instructions, each waiting on its loads. Every lane of a warp takes each
 // pass, as the shuffles need.
 template <int BITS, int COPIES>
 __device__ __forceinline__ void fill_level_pairs(uint32_t* table, const float* levels) {

@@ -112,15 +112,13 @@ constexpr auto fits_shared = [](int buffers, int table_bytes) {
 };
 // 4-bit keys (word pairs) and 4-bit values on the tensor cores: one read of a table of
 // the 256 level pairs makes an A register, the table held PAIR_COPIES times side by side
-// (lane l reads copy l mod 16: at most two lanes a bank; the table's fewer instructions
-// cut turbo4's kernel 15%: benchmarks/results/decode_h100_lane_pairs.md). A plain
-// 256-pair table's reads collided in the banks (2.6-way for 4-bit keys, 60% of the
-// kernel's shared-memory wavefronts, decode_h200_03a138b.md). In the static 48 KiB it
+// (lane l reads copy l mod 16: at most two lanes a bank; fewer instructions than
+// shuffles). A plain 256-pair table's reads collide in the banks (2.6-way for 4-bit
+// keys). In the static 48 KiB it
 // fits beside one staging buffer only. DYNAMIC_SHARED (the header's bytes,
 // decode_attention.dynamic_shared()): the table and two staging buffers in dynamic
-// shared memory instead, so the next tile's copy runs while this one is read: under ncu
-// turbo4's launch at 128K 1% faster on the H200, 0.2% on an H100 (benchmarks/results/
-// layouts_widths_h100_b50e051.md; 32 copies, one a bank, with one buffer: no faster).
+// shared memory instead, so the next tile's copy runs while this one is read (about 1%
+// faster; 32 copies, one a bank, with one buffer were no faster).
 constexpr bool DYNAMIC = DYNAMIC_SHARED > 0;
 constexpr int LANE_PAIRS_BYTES = 4 * 256 * PAIR_COPIES;  // PAIR_COPIES: decode_attention.py
 constexpr bool KEY_PAIRS_4BIT = KEY_WORD_PAIRS && KB == 4;
@@ -143,7 +141,7 @@ constexpr bool VALUE_LANE_PAIRS3 =
 // 5-bit word pairs (and 4-bit ones where the lane pairs do not fit): lane i holds key
 // level i mod 2^KB in both halves and a code reads it by a warp shuffle, as 3-bit
 // values are read (k_lane, below); the 5-bit pair table would be 4 KiB, and its reads
-// collide (benchmarks/results/decode_h100_8834684.md).
+// collide.
 constexpr bool KEY_SHUFFLES = KEY_WORD_PAIRS && (KB == 5 || (KB == 4 && !KEY_LANE_PAIRS));
 // Keys' level pairs in one plain table (k_pairs, below) where neither of those serves:
 // the rule KEY_MMA's fit counted (KEY_TABLE_BYTES).
@@ -229,8 +227,7 @@ __shared__ float warp_m[NW][R], warp_l[NW][R];
 // One word to spare past them: value_bits may read a word past a token's value codes.
 // Aligned to 128 bytes (a tile's stage is 128 x RW bytes): a tile copy's 16-byte pieces
 // then fill whole 128-byte lines, where 16-byte alignment left turbo3's at 64 bytes past
-// one and doubled its shared-memory wavefronts (ncu: 50 against 25 a tile on an H100,
-// benchmarks/results/turbo3_profile_h100_b50e051.md).
+// one and doubled its shared-memory wavefronts.
 constexpr int STAGE_WORDS = NW * NBUF * STAGE_TILE, ACC_FLOATS = NW * R * D;
 constexpr int SCRATCH_WORDS = (STAGE_WORDS > ACC_FLOATS ? STAGE_WORDS : ACC_FLOATS) + 1;
 __shared__ __align__(128) uint32_t scratch_static[DYNAMIC ? 1 : SCRATCH_WORDS];
@@ -993,7 +990,7 @@ if (HAS_EXACT && split == n_splits) {
   // The items spread over every warp, up to 32 a tile: a lane reads its item's key row
   // and then each item's values from global memory, so one warp taking the default
   // window's 32 items alone (16 sinks, 16 exact) kept the launch waiting on this block
-  // (benchmarks/results/decode_stack_h200_0f6aa88.md: its other warps' barrier stalls).
+  // while its other warps stalled at the barrier.
   const int tile = min(32, (n_items + NW - 1) / NW);
   for (int first = warp * tile; first < n_items; first += NW * tile) {
     attend_tile(Int<1>{}, first, min(first + tile, n_items), nullptr, acc);
@@ -1065,8 +1062,7 @@ phase(6, 0);  // the part
 // parts first merges them into one part of the chunk (the chunks' merges overlap the
 // slices still running), and the group's last chunk merger merges the chunks: one
 // block reading every slice's part cost about 20 us at 255 slices, where one KV head
-// needs that many slices to fill the GPU (benchmarks/results/
-// slices_gemma_shape_h100_e043dcd.md). Counters: the groups' in the workspace's first
+// needs that many slices to fill the GPU. Counters: the groups' in the workspace's first
 // gridDim.y words, then one per (chunk, group); each is zero on entry and left zero.
 const int n_chunks = (n_parts + MERGE_CHUNK - 1) / MERGE_CHUNK;
 // (16-byte aligned for their float4 reads: the stats before them may end mid-way)

@@ -17,8 +17,7 @@ adds a GPT-OSS attention-sink logit, rotates the rows back out of the value rota
 and casts them.
 
 One kernel a layer: on MLX-CUDA each op of a chained decode step costs tens of
-microseconds, most of it on the host (benchmarks/results/decode_kernel_h200_*.md);
-a second kernel for the merge measured slower (decode_kernel_h200_809a21d.md).
+microseconds, most of it on the host; a second kernel for the merge was slower.
 """
 
 import math
@@ -53,8 +52,8 @@ MAX_ROW_VALUES = 1024
 # Slicing: at least a tile per warp in each slice, and about this many blocks in all,
 # enough to fill the GPU without making the combine long.
 MIN_SLICE_TOKENS = 32 * WARPS
-# benchmarks/results/decode_kernel_h200_b9c1d8e.md: best at 4K and 128K; 1024 is slower
-# at one KV head too, where parts merge by chunks (target_blocks_and_tests_h100_629cb85.md).
+# 512 was fastest at 4K and 128K; 1024 is slower, also at one KV head, where parts
+# merge by chunks.
 TARGET_BLOCKS = 512
 # A group of more parts than this merges them by chunks of this many first (the last
 # block of each chunk), then the chunks (decode_attention.cu).
@@ -152,8 +151,8 @@ def tail_row(codec, tail):
     return tail[..., : codec.row_words]
 
 
-# A call's host cost grows with its inputs and template values
-# (benchmarks/results/decode_kernel_h200_7f83f00.md): the codec's constants come as one
+# A call's host cost grows with its inputs and template values: the codec's constants
+# come as one
 # input, the variant's yes/no choices as one template value, and a call passes only the
 # inputs its variant reads (``call_inputs``); the header declares the others empty.
 INPUTS = (*ATTENTION_INPUTS, "sink_logits", "workspace", "previous", "kmean", "recent")
@@ -172,9 +171,8 @@ INPUT_FLAGS = {
 }
 MASK_ARRAY = 2  # FLAGS bits 0-1 of a mask given as an array
 # The kernels by their outputs: (raw tail, recent) -> (name, outputs, declarations of
-# the outputs a kernel has not). Each output costs the host about 2 us a call
-# (benchmarks/results/custom_call_cost_h200_b4a5294.md): the slices' parts go into the
-# shared workspace, an input, instead.
+# the outputs a kernel has not). Each output costs the host about 2 us a call, so the
+# slices' parts go into the shared workspace, an input, instead.
 KERNELS = {
     (False, False): (
         "turbo_decode_attention",
@@ -242,20 +240,16 @@ def absent_inputs(names, dtype, mask_dtype):
 
 # Warps an SM should hold: a block's registers are capped so that 16 warps fit
 # (128 registers a thread). Left to itself MLX's compiler gave the kernel 161, so only
-# 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K
-# (benchmarks/results/decode_kernel_h200_c57a44c.md).
+# 3 blocks of 4 warps ran per SM and the kernel was a quarter slower at 128K.
 WARPS_PER_SM = 16
 # Staging buffers each warp holds for its tiles: 0 lets the kernel choose (two, so the
 # next tile's copy overlaps this one's reading, where they fit its shared memory); 1 or
-# 2 forces it, for decode_kernel_sweep.py (with one, more blocks fit an SM).
+# 2 forces it, for experiments (with one, more blocks fit an SM).
 STAGE_BUFFERS = 0
 # The largest head dim whose values are summed on the tensor cores (else lane by lane).
-# At 256 a lane's accumulators take 64 registers: compile_kernels.py --loops counts about
-# 2,100 instructions a 32-token tile against 3,700 lane by lane, though 23 of them are
-# spilled registers' local loads and stores (15 lane by lane); on the H200 at Gemma 3's
-# shape turbo4's kernel took 69.1-69.5 us at 128K against 73.9-74.3 at 128, turbo2's
-# 62.6 against 66.7, turbo3's and 32K's the same
-# (benchmarks/results/decode_stack_h200_0f6aa88.md).
+# At 256 a lane's accumulators take 64 registers and a few spill, but a 32-token tile
+# runs about 2,100 instructions against 3,700 lane by lane, and Gemma 3's shape ran
+# faster so.
 VALUE_MMA_MAX_DIM = 256
 # Whether each block records its phases' times at the workspace's end, PHASE_WORDS
 # words a block (benchmarks/block_phases.py; decode_attention.cu says what they hold).
@@ -268,11 +262,9 @@ PAIR_COPIES = 16
 
 # The widths (key bits, value bits) whose kernel at head dim 128 keeps its 4-bit keys'
 # pair table and two staging buffers a warp in dynamic shared memory, where the static
-# 48 KiB hold one buffer beside the table (decode_attention.cu: DYNAMIC): those measured
-# no slower so. turbo4: under ncu its launch at 128K 1% faster on the H200, 0.2% on an
-# H100, its stack no faster in one process (benchmarks/results/
-# layouts_widths_h100_b50e051.md). turbo4v2 (4, 2) builds and computes alike
-# (tests/test_kernels.py); its stack was no faster with it, so it keeps one buffer.
+# 48 KiB hold one buffer beside the table (decode_attention.cu: DYNAMIC): those were no
+# slower so (turbo4's launch about 1% faster). turbo4v2 (4, 2) builds and computes
+# alike (tests/test_kernels.py) but was no faster with it, so it keeps one buffer.
 DYNAMIC_WIDTHS = {(4, 4)}
 
 
@@ -631,8 +623,7 @@ def template(
 def constants_header(values):
     """Template values declared as MLX declares them, but in the header: a plan's kernel
     serves one set of them anyway, and MLX's host cost of a call grows with the values
-    it passes (kernel_host_cost.py: an empty kernel of 10 inputs took 8.1-9.0 us with
-    5 values, 6.8-7.2 without)."""
+    it passes."""
     return "".join(
         f"using {name} = {C_TYPES[value]};\n"
         if isinstance(value, str)

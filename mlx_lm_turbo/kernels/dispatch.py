@@ -121,8 +121,8 @@ def included(name):
     ``cuda_kernel``) and the shapes and strides it reads (MLX passes an input's shape
     or strides where the source names them). MLX-CUDA hashes a custom kernel's whole
     source at every call (its module cache's key) and copies it into every call's
-    graph node: the decode kernel's 35 KB cost each decode layer microseconds on the
-    host (benchmarks/results/decode_host_profile_h200_377f304.md). Where the path
+    graph node: the decode kernel's 35 KB would cost each decode layer microseconds on
+    the host. Where the path
     cannot be written in an ``#include``, the text itself."""
     path, text = str(_SOURCES / name), source(name)
     if not (path.isascii() and path.isprintable()) or '"' in path or "\\" in path:
