@@ -1,6 +1,7 @@
 """End to end through real mlx-lm model code (tiny random-weight llama)."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models import llama
@@ -164,7 +165,7 @@ def test_generate_step_chunked_prefill_keeps_only_compressed_history(monkeypatch
 
 
 def fake_model(model_type, cache_class):
-    class Model:
+    class Model(nn.Module):
         layers = [None]
 
         def make_cache(self):

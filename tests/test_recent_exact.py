@@ -250,7 +250,7 @@ def test_caches_made_while_decoding_speculatively_take_no_window(monkeypatch):
 def test_the_server_notes_when_a_draft_model_is_loaded(monkeypatch):
     import mlx_lm.server
 
-    from mlx_lm_turbo.attach import load_noting_draft_model
+    from mlx_lm_turbo.attach import load_checking_models
 
     assert mlx_lm.server.ModelProvider.load.__wrapped__  # attached at import
 
@@ -260,9 +260,10 @@ def test_the_server_notes_when_a_draft_model_is_loaded(monkeypatch):
         def load(self, model, adapter=None, draft=None):
             self.draft_model = draft
 
-    load = load_noting_draft_model(Provider.load)
+    load = load_checking_models(Provider.load)
     provider = Provider()
     monkeypatch.setattr(settings, "speculative", False)
+    monkeypatch.setattr(settings, "active", None)  # no scheme: no model to check
     load(provider, "model", None, "draft")
     assert settings.speculative
     load(provider, "model")

@@ -4,7 +4,7 @@ from typing import Optional
 
 from ..cache.attention import install_attention_dispatch
 from ..cache.cache import check_integer, check_recent_exact, register_cache_classes
-from ..codec.schemes import parse_scheme
+from ..codec.schemes import KVScheme, parse_scheme
 from ..errors import UnsupportedModelError, UsageError
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
@@ -111,10 +111,10 @@ def _check_layer_schemes(layer_schemes):
         )
     for i, scheme in layer_schemes.items():
         check_integer("each layer_schemes key (a cache entry)", i)
-        if not isinstance(scheme, str):
+        if not isinstance(scheme, (str, KVScheme)):
             raise TypeError(
-                f"layer_schemes[{i}] must be a scheme name such as 'turbo8', got "
-                f"{scheme!r}."
+                f"layer_schemes[{i}] must be a scheme name such as 'turbo8' (or a "
+                f"KVScheme), got {scheme!r}."
             )
     return layer_schemes
 
