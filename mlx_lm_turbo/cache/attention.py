@@ -33,13 +33,10 @@ from .view import TurboKV, causal_padding_mask
 # CPU float32 matmuls are several times faster than float16 ones.
 _COMPUTE_DTYPE = mx.float32
 # Largest key block at decode, and the score elements (queries x keys, 8 MiB in
-# float32) a block may hold during prefill. Peak memory grows with the block (decode:
-# ~50 KiB a token at 8 KV heads of 128 dims; a 1K-query chunk: 640 MiB at 2^24 score
-# elements, 117 MiB at 2^21) while CPU speed barely moves (benchmarks/decode_attention.py
-# --blocks; benchmarks/results/decode_block_sweep_cpu.md). On MLX-CUDA each small op
-# costs tens of microseconds on the host, so a prefill block holds 4x as many scores:
-# 2.6x faster there at 16K, peak memory 0.37x of fp16's
-# (benchmarks/results/decode_kernel_h200_c8a18b8.md, --prefill-blocks).
+# float32) a block may hold during prefill. Peak memory grows with the block (a 1K-query
+# chunk: 640 MiB at 2^24 score elements, 117 MiB at 2^21) while CPU speed barely moves.
+# On MLX-CUDA each small op costs tens of microseconds on the host, so there a prefill
+# block holds 4x as many scores.
 DECODE_BLOCK_TOKENS = 512
 PREFILL_BLOCK_SCORES = 1 << (23 if gpu_backend() == "cuda" else 21)
 PREFILL_BLOCK_TOKENS = 512  # the most keys a prefill block reads, whatever fits
@@ -121,7 +118,7 @@ def one_pass_decode(queries, kv: TurboKV, sinks=None):
 
 def one_pass_decode_attention(queries, kv: TurboKV, scale, mask):
     """``blockwise_attention`` for a ``one_pass_decode`` call in far fewer ops (a small
-    model's decode step is bound by their count on CPU; benchmarks/decode_attention.py):
+    model's decode step is bound by their count on CPU):
     the sink tokens lead the first block of the history and the exact tail follows the
     last, each part's scores masked as ``_attend_rows`` masks them, so a history of one
     block is one softmax and one product with the values, and longer ones merge only
