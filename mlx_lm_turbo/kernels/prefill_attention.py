@@ -25,13 +25,16 @@ WARPS = 4  # 16 query rows a warp: 64 queries a block
 # Blocks an SM holds at once: the registers a thread may use are 64K / (threads x
 # blocks) (2: up to 255, none spilled at head dim 128).
 BLOCKS_PER_SM = 2
-# A segment of dequantized history: 256 MiB of keys and values (64K tokens of 8 KV
+# A segment of dequantized history: 128 MiB of keys and values (32K tokens of 8 KV
 # heads of 128 dims in fp16).
-WORKSPACE_BYTES = 256 << 20
+WORKSPACE_BYTES = 128 << 20
 # A window of None: no query position minus this reaches a key.
 _NO_WINDOW = 1 << 30
+# The running state before a segment's keys: MLX orders a graph's work by its inputs,
+# so each launch's state (the segment before) is made before its keys, and one
+# segment's dequantized keys are alive at a time.
 INPUTS = (
-    *("q", "ka", "va", "kb", "vb", "state_o", "state_ml"),
+    *("q", "state_o", "state_ml", "ka", "va", "kb", "vb"),
     *("pads", "params", "scale"),
 )
 OUTPUTS = ("out", "o_out", "ml_out")
@@ -127,7 +130,24 @@ def prefill_attention(queries, kv, scale, mask, left_padding=None):
             final,
         )
         state = outputs
-    return codec.restore_output(state[0])
+    out = codec.restore_output(state[0])
+    _settle(out)
+    return out
+
+
+# The last layer's output while the device runs it. A chunk's layers form one graph, in
+# which each layer's dequantizing reads only its cache: left lazy, MLX could run every
+# layer's before the first layer's attention and hold them all. Each call waits for the
+# one before instead, so at most two layers' segments are alive (the last output stays
+# referenced here until the next call).
+_in_flight = []
+
+
+def _settle(out):
+    mx.async_eval(out)
+    if _in_flight:
+        mx.eval(_in_flight.pop())
+    _in_flight.append(out)
 
 
 def _history(codec, kv, start, count, dtype):
