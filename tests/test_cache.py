@@ -403,24 +403,19 @@ def test_decode_steps_grow_no_process_wide_cache():
     assert sizes[4] and sizes[19] == sizes[4]
 
 
-def query_aware_scale_reference(sink_keys, sink_queries, rope=None):
+def query_aware_scale_reference(sink_keys, sink_queries):
     """center+query's key scale, written out in NumPy (float64): s = (E[k^2] of the
     centred keys / E[q^2] over the KV head's query heads) ** (1/4), each averaged over
-    the channels RoPE turns into each other, unit mean square. ``rope`` = (rotated
-    dims, traditional): pairs (c, c + dims/2) (None: dims = D) or (2i, 2i + 1)."""
+    the RoPE pair (c, c + D/2), unit mean square."""
     k = np.array(sink_keys.astype(mx.float32), dtype=np.float64)[0]  # (H, T, D)
     q = np.array(sink_queries.astype(mx.float32), dtype=np.float64)[0]  # (Hq, T, D)
     H, T, D = k.shape
     key_energy = ((k - k.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
     query_energy = (q.reshape(H, -1, T, D) ** 2).mean(axis=(1, 2))
-    dims, traditional = rope or (D, False)
-    partner = list(range(D))
-    for i in range(dims // 2):
-        a, b = (2 * i, 2 * i + 1) if traditional else (i, i + dims // 2)
-        partner[a], partner[b] = b, a
 
     def paired(e):
-        return (e + e[:, partner]) / 2
+        e = (e[:, : D // 2] + e[:, D // 2 :]) / 2
+        return np.concatenate([e, e], axis=1)
 
     s = (paired(key_energy) / paired(query_energy)) ** 0.25
     return s / np.sqrt((s**2).mean(axis=1, keepdims=True))
@@ -440,75 +435,24 @@ def attend_chunks(cache, keys, values, queries, chunks):
         start += n
 
 
-@pytest.mark.parametrize(
-    "chunks, rope, groups",
-    [
-        ([40], None, 32),
-        ([5, 35], None, 32),
-        ([1] * 20, None, 32),
-        ([40], (64, True), 32),  # traditional RoPE (GGUF llama files)
-        ([5, 35], (32, False), 48),  # partial RoPE: 16 pairs, 32 channels alone
-        ([40], (32, True), 48),
-    ],
-)
-def test_keys_are_scaled_by_the_sink_tokens_keys_and_queries(chunks, rope, groups):
+@pytest.mark.parametrize("chunks", [[40], [5, 35], [1] * 20])
+def test_keys_are_scaled_by_the_sink_tokens_keys_and_queries(chunks):
     # center+query (the default): the sink tokens' queries reach the cache through
     # attention, and the update that completes them is made again with them.
     keys, values = kv(sum(chunks), H=2, D=64)
     queries = mx.random.normal((1, 8, keys.shape[2], 64), key=mx.random.key(7))
     queries = (queries * mx.linspace(0.2, 3.0, 64)).astype(mx.float16)  # uneven
-    cache = TurboQuantKVCache("turbo4", rope=rope)
+    cache = TurboQuantKVCache("turbo4")
     attend_chunks(cache, keys, values, queries, chunks)
     assert cache.codec.key_calibration == "center+query"
     assert not cache.sink_queries_missing
     S = cache.sink_tokens
-    want = query_aware_scale_reference(keys[:, :, :S], queries[:, :, :S], rope)
+    want = query_aware_scale_reference(keys[:, :, :S], queries[:, :, :S])
     got = np.array(cache.codec.key_scale[0])
     assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
     assert np.abs(want - 1).max() > 0.1  # a scale that matters
-    if rope is not None:  # the layout matters
-        other = query_aware_scale_reference(keys[:, :, :S], queries[:, :, :S])
-        assert np.abs(got - other).max() > 0.05
     # nothing of a first pass is left behind
-    assert cache._rerun is None and cache.sink_query_energy.shape == (1, 2, S, groups)
-
-
-def test_a_saved_cache_keeps_its_rope_layout(tmp_path):
-    register_cache_classes()
-    keys, values = kv(40, H=2, D=64)
-    queries = mx.random.normal((1, 4, 40, 64), key=mx.random.key(3)).astype(mx.float16)
-    cold = TurboQuantKVCache("turbo4", rope=(64, True))
-    attend_chunks(cold, keys, values, queries, [40])
-    part = TurboQuantKVCache("turbo4", rope=(64, True))
-    attend_chunks(part, keys, values, queries, [10])
-    save_prompt_cache(str(tmp_path / "c.safetensors"), [part])
-    (loaded,) = load_prompt_cache(str(tmp_path / "c.safetensors"))
-    attend_chunks(loaded, keys[:, :, 10:], values[:, :, 10:], queries[:, :, 10:], [30])
-    assert loaded.codec.rope == (64, True)
-    assert mx.array_equal(loaded.codec.key_scale, cold.codec.key_scale)
-
-
-def test_the_rope_layout_is_read_from_the_model():
-    from mlx_lm.models import gemma3_text, llama
-
-    from mlx_lm_turbo.plugin.adapters import rope_layout
-
-    args = dict(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-5,
-        vocab_size=32,
-    )
-    model = llama.Model(llama.ModelArgs(**args, rope_traditional=True))
-    assert rope_layout(model) == (32, True)
-    gemma = gemma3_text.Model(
-        gemma3_text.ModelArgs(**{**args, "model_type": "gemma3_text"}, head_dim=32)
-    )
-    assert rope_layout(gemma) == (32, False)  # local and global RoPE: one layout
+    assert cache._rerun is None and cache.sink_query_energy.shape == (1, 2, S, 32)
 
 
 def test_without_attention_the_keys_are_only_centred():

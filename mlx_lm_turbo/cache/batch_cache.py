@@ -144,7 +144,7 @@ class _BatchStatistics(QueryCalibration):
         )
         self.sinks = None
         self.sink_counts = [0] * rows
-        # Their query energies (B, H, sink_tokens, groups), as the single caches keep them,
+        # Their query energies (B, H, sink_tokens, D/2), as the single caches keep them,
         # and per row (host) whether any was not seen.
         self.sink_query_energy = None
         self.sink_queries_missing = [False] * rows
@@ -447,7 +447,6 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             sink_tokens=first.sink_tokens,
             recent_exact=first.recent_exact,
         )
-        batch.rope = first.rope
         batch._join_sinks(caches, [1] * len(caches))
         batch.recent = batch._joined_recent(
             caches, [1] * len(caches), min(first.recent_exact - 1, max_length)
@@ -632,7 +631,6 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             layer=self.layer,
             key_calibration=self.key_calibration,
             recent_exact=self.recent_exact,
-            rope=self.rope,
         )
         cache.sink_tokens = self.sink_tokens
         padding = self.left_padding.tolist()[idx]
@@ -753,7 +751,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             shims.append(shim)
         batch = BatchRotatingKVCache.merge.__func__(cls, shims)
         batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
-        batch.key_calibration, batch.rope = first.key_calibration, first.rope
+        batch.key_calibration = first.key_calibration
         batch.sink_tokens = first.sink_tokens
         batch._init_recent(first.recent_exact)
         batch.recent = batch._joined_recent(
@@ -941,7 +939,6 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             layer=self.layer,
             key_calibration=self.key_calibration,
             recent_exact=self.recent_exact,
-            rope=self.rope,
         )
         cache.sink_tokens = self.sink_tokens
         cache.recent = self._row_recent(idx, self.row_tokens[idx])

@@ -21,7 +21,7 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
-from ..codec.codec import TurboCodec
+from ..codec.codec import TurboCodec, query_energy
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
@@ -46,13 +46,10 @@ from .view import TurboKV, recent_part
 # (exact copies of them after the sink arrays in the state; formats 1-3 continue with
 # recent_exact 1, as they were saved); 5: format 4's, the sink tokens' query energies
 # after the recent copies (center+query calibrates on them; formats 1-4 knew no such
-# calibration and continue without); 6: format 5's, the keys' RoPE layout in the
-# metadata ("rope"), whose channel groups the query energies and key scales average
-# over (formats 1-5 paired channels c and c + D/2 whatever the model's layout, and
-# continue so).
+# calibration and continue without).
 # Change the layout or the rules, bump this, and say in check_format what older ones
 # become.
-FORMAT_VERSION = 6
+FORMAT_VERSION = 5
 _SAVED_KEYS = (
     "scheme",
     "seed",
@@ -145,7 +142,6 @@ class QueryCalibration:
 
     _rerun = None  # (view, the cache's state before the update, keys, values)
     _query_energy = None  # the update's codec.query_energy while it is made again
-    rope = None  # the keys' RoPE layout, (rotated dims, traditional): TurboCodec's rope
     _first_pass = False
 
     def _awaits_queries(self) -> bool:
@@ -171,7 +167,7 @@ class QueryCalibration:
         _, before, keys, values = self._rerun
         self.__dict__.clear()
         self.__dict__.update(before)
-        self._query_energy = self.codec.query_energy(queries)
+        self._query_energy = query_energy(queries, self.codec.n_kv_heads)
         try:
             fresh, _ = self.update_and_fetch(keys, values)
         finally:
@@ -185,7 +181,7 @@ class QueryCalibration:
         )
 
     def _incoming_energy(self, tokens):
-        """This update's query energies, (B, H, tokens, groups), or None (not given, or
+        """This update's query energies, (B, H, tokens, D/2), or None (not given, or
         given for other tokens)."""
         energy = self._query_energy
         return energy if energy is not None and energy.shape[2] == tokens else None
@@ -202,7 +198,6 @@ def new_codec(cache, keys, values):
         seed=cache.seed,
         layer=cache.layer,
         key_calibration=cache.key_calibration,
-        rope=cache.rope,
     )
 
 
@@ -282,7 +277,6 @@ class _TurboCache(QueryCalibration):
         uncompressed_start=0,
         key_calibration=None,
         recent_exact=1,
-        rope=None,
     ):
         self.scheme = parse_scheme(scheme)
         if self.scheme is None:
@@ -300,7 +294,6 @@ class _TurboCache(QueryCalibration):
         # the prompt was chunked (see _compressing).
         self.sink_tokens = max(type(self).sink_tokens, uncompressed_start)
         self.key_calibration = key_calibration
-        self.rope = rope
         # Each query reads itself and the recent_exact - 1 tokens before it exactly
         # (TurboKV.window), every other key but the sink tokens compressed: ``recent``
         # keeps exact copies of the last recent_exact - 1 tokens, as the model gave
@@ -316,7 +309,7 @@ class _TurboCache(QueryCalibration):
         self.sinks = (
             None  # exact (keys, values) of the first tokens, as the model gave them
         )
-        # Their codec.query_energy, (1, H, n, groups), for center+query; missing if
+        # Their codec.query_energy, (1, H, n, D/2), for center+query; missing if
         # any sink token's queries were not seen: its calibration then only centres.
         # An uncompressed start's queries go through mlx-lm's attention, unseen.
         self.sink_query_energy = None
@@ -590,7 +583,6 @@ class _TurboCache(QueryCalibration):
             "layer": self.layer,
             "uncompressed_start": self.uncompressed_start,
             "key_calibration": self.key_calibration,
-            "rope": self.rope,
             "sink_tokens": self.sink_tokens,
             "recent_exact": self.recent_exact,
             "sink_queries_missing": self.sink_queries_missing,
@@ -608,8 +600,6 @@ class _TurboCache(QueryCalibration):
         self.seed, self.layer = meta["seed"], meta["layer"]
         self.uncompressed_start = meta["uncompressed_start"]
         self.key_calibration = meta["key_calibration"]
-        # Formats 1-5 paired RoPE channels as mlx-lm's default layout does.
-        self.rope = meta.get("rope")
         self.sink_tokens, self.offset = meta["sink_tokens"], meta["offset"]
         # Formats 1-3 read only the query itself exactly besides the sink tokens.
         self.recent_exact = meta.get("recent_exact", 1)

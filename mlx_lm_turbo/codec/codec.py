@@ -139,52 +139,37 @@ def dequantize_rotated(
     return _dequantizer(bits, head_dim, dtype)(codes, norms)
 
 
-@lru_cache(maxsize=None)
-def rope_groups(head_dim: int, rope=None):
-    """The channels RoPE turns into each other, for ``rope`` = (rotated dims,
-    traditional) or None (all of them, mlx-lm's default layout): (first, second, group),
-    index arrays of each group's two channels and of each channel's group. Pairs are
-    (c, c + dims/2), or (2i, 2i + 1) where traditional; each channel past the rotated
-    ones is a group of its own."""
-    dims, traditional = rope or (head_dim, False)
-    if traditional:
-        first = list(range(0, dims, 2))
-        second = [c + 1 for c in first]
-    else:
-        first = list(range(dims // 2))
-        second = [c + dims // 2 for c in first]
-    first += range(dims, head_dim)
-    second += range(dims, head_dim)
-    group = [0] * head_dim
-    for g, (a, b) in enumerate(zip(first, second)):
-        group[a] = group[b] = g
-    return mx.array(first), mx.array(second), mx.array(group)
-
-
-def _group_mean(energy, rope):
-    first, second, _ = rope_groups(energy.shape[-1], rope)
-    return (energy[..., first] + energy[..., second]) / 2
+def query_energy(queries: mx.array, n_kv_heads: int) -> mx.array:
+    """Each token's squared query channels, averaged over its KV head's query heads and
+    over each pair of channels RoPE turns into each other (c and c + D/2, mlx-lm's
+    default layout): (B, Hq, L, D) queries -> (B, n_kv_heads, L, D/2), float32 (in
+    bfloat16, chunks of other shapes, whose queries differ in float32's last bits,
+    could round an energy differently: a step of 2^-9 that moves many codes).
+    ``center+query``'s E[q^2]."""
+    B, n_q_heads, L, D = queries.shape
+    q = queries.astype(mx.float32).reshape(B, n_kv_heads, -1, L, D)
+    energy = (q * q).mean(axis=2)
+    return (energy[..., : D // 2] + energy[..., D // 2 :]) / 2
 
 
 def _unit_mean_square(scale):
     return scale / mx.sqrt((scale * scale).mean(axis=-1, keepdims=True))
 
 
-def _query_aware_scale(key_energy, query_energy, rope=None):
+def _query_aware_scale(key_energy, query_energy):
     """``center+query``'s s = (E[k^2] / E[q^2])^(1/4), unit mean square, from the keys'
-    per-channel energies (..., D) and the queries' per RoPE group (``query_energy``).
-    Keys are averaged over the RoPE groups too: the sink tokens sit at the first
-    positions, where the pairs have barely turned, and later tokens turn them all the
-    way."""
-    head_dim = key_energy.shape[-1]
-    key_energy = _group_mean(key_energy, rope)
+    per-channel energies (..., D) and the queries' per pair (..., D/2,
+    ``query_energy``). Keys are averaged over the RoPE pairs too: the sink tokens sit
+    at the first positions, where the pairs have barely turned, and later tokens turn
+    them all the way."""
+    half = key_energy.shape[-1] // 2
+    key_energy = (key_energy[..., :half] + key_energy[..., half:]) / 2
 
     def floored(energy):
         return mx.maximum(energy, 1e-6 * energy.max(axis=-1, keepdims=True) + 1e-30)
 
     s = (floored(key_energy) / floored(query_energy)) ** 0.25
-    _, _, group = rope_groups(head_dim, rope)
-    return _unit_mean_square(s[..., group])
+    return _unit_mean_square(mx.concatenate([s, s], axis=-1))
 
 
 class TurboCodec:
@@ -202,7 +187,6 @@ class TurboCodec:
         layer=0,
         key_calibration=None,
         signs=SIGNS,
-        rope=None,
     ):
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -221,8 +205,6 @@ class TurboCodec:
         self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
         self.dtype = dtype
         self.seed, self.layer, self.signs = seed, layer, signs
-        # The keys' RoPE layout, (rotated dims, traditional); None: mlx-lm's default
-        self.rope = None if rope is None else (int(rope[0]), bool(rope[1]))
         self.key_calibration = key_calibration if scheme.key_bits else "none"
         self.key_rotation = (
             rotation(key_dim, seed, layer, signs) if scheme.key_bits else None
@@ -251,17 +233,6 @@ class TurboCodec:
         return self
 
     # -- calibration --------------------------------------------------------
-    def query_energy(self, queries: mx.array) -> mx.array:
-        """Each token's squared query channels, averaged over its KV head's query heads
-        and over each group of channels RoPE turns into each other (``rope_groups``):
-        (B, Hq, L, D) queries -> (B, n_kv_heads, L, groups), float32 (in bfloat16,
-        chunks of other shapes, whose queries differ in float32's last bits, could
-        round an energy differently: a step of 2^-9 that moves many codes).
-        ``center+query``'s E[q^2]."""
-        B, n_q_heads, L, D = queries.shape
-        q = queries.astype(mx.float32).reshape(B, self.n_kv_heads, -1, L, D)
-        return _group_mean((q * q).mean(axis=2), self.rope)
-
     def key_statistics(
         self, keys: mx.array, valid=None, per_row=False, query_energy=None
     ):
@@ -269,7 +240,7 @@ class TurboCodec:
 
         ``valid`` (B, T) marks the tokens to count (a batch's padding is not);
         ``per_row`` keeps one set of statistics per batch row; ``query_energy``
-        (B, H, T, groups): the same tokens' ``query_energy``, which ``center+query``
+        (B, H, T, D/2): the same tokens' ``query_energy``, which ``center+query``
         scales by (without it, it only centres).
         """
         if self.key_calibration == "none":
@@ -296,9 +267,7 @@ class TurboCodec:
             )
             scale = _unit_mean_square(spread)
         elif self.calibrates_on_queries and query_energy is not None:
-            scale = _query_aware_scale(
-                average((k - mean) ** 2), average(query_energy), self.rope
-            )
+            scale = _query_aware_scale(average((k - mean) ** 2), average(query_energy))
         if scale is not None:  # rows with too few tokens: unscaled
             scale = mx.where(enough, scale, 1.0)[:, :, 0]
         return mean[:, :, 0], scale
@@ -431,7 +400,6 @@ class TurboCodec:
                 "layer": self.layer,
                 "key_calibration": self.key_calibration,
                 "signs": self.signs,
-                "rope": self.rope,
             }
         )
 
@@ -448,7 +416,6 @@ class TurboCodec:
             layer=m["layer"],
             key_calibration=m["key_calibration"],
             signs=m["signs"],
-            rope=m.get("rope"),  # formats 1-5: mlx-lm's default layout
         )
         codec.key_mean, codec.key_scale = key_mean, key_scale
         return codec

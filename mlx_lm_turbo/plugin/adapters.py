@@ -54,21 +54,6 @@ class LayerPlan:
     scheme: Optional[KVScheme]
     reason: str
     layer: int  # the model's layer number (also the rotation seed); differs from index on a pipeline rank
-    rope: Optional[tuple] = None  # the keys' RoPE layout (rope_layout)
-
-
-def rope_layout(model) -> Optional[tuple]:
-    """(rotated dims, traditional) of the model's RoPE modules, which the key
-    calibration's channel groups follow; None (mlx-lm's default layout) where the
-    model has none, or several that differ."""
-    layouts = {
-        (getattr(m, "dims", None), getattr(m, "traditional", None))
-        for m in model.modules()
-        if type(m).__name__.endswith("RoPE")
-    }
-    if len(layouts) != 1 or None in next(iter(layouts)):
-        return None
-    return next(iter(layouts))
 
 
 @dataclass
@@ -122,7 +107,6 @@ class Adapter:
             raise UnsupportedModelError(
                 refusal(model_type_of(model), "it has no KV-cache layers to compress")
             )
-        rope = rope_layout(model)
         plans = []
         for i, kind in enumerate(kinds):
             if kind == "state":
@@ -131,7 +115,7 @@ class Adapter:
             rank = attention.index(i)
             if layer_schemes and i in layer_schemes:
                 plans.append(
-                    LayerPlan(i, kind, layer_schemes[i], "per-layer override", i, rope)
+                    LayerPlan(i, kind, layer_schemes[i], "per-layer override", i)
                 )
             elif rank < boundary_skip or rank >= len(attention) - boundary_skip:
                 plans.append(
@@ -141,11 +125,10 @@ class Adapter:
                         boundary_scheme(scheme),
                         f"boundary: attention layer {rank} of {len(attention)}",
                         i,
-                        rope,
                     )
                 )
             else:
-                plans.append(LayerPlan(i, kind, scheme, "scheme", i, rope))
+                plans.append(LayerPlan(i, kind, scheme, "scheme", i))
         mine = [
             replace(p, index=p.layer - start)
             for p in plans[start : start + len(caches)]
@@ -160,16 +143,11 @@ class Adapter:
                 continue
             if p.kind == "rotating":
                 caches[p.index] = TurboQuantRotatingKVCache(
-                    p.scheme,
-                    c.max_size,
-                    c.keep,
-                    layer=p.layer,
-                    rope=p.rope,
-                    **cache_options,
+                    p.scheme, c.max_size, c.keep, layer=p.layer, **cache_options
                 )
             else:
                 caches[p.index] = TurboQuantKVCache(
-                    p.scheme, layer=p.layer, rope=p.rope, **cache_options
+                    p.scheme, layer=p.layer, **cache_options
                 )
         return caches
 
