@@ -10,8 +10,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import exit_status, write_tiny_gguf
+from helpers import SPECIAL, TEMPLATE, exit_status, write_tiny_gguf
 from mlx_lm import load
+from tokenizers.pre_tokenizers import ByteLevel
 
 from mlx_lm_turbo.tools import demo
 from mlx_lm_turbo.tools.gguf import convert_gguf
