@@ -22,10 +22,16 @@ import mlx.core as mx
 import pytest
 from helpers import (
     ON_CUDA,
+    TOLERANCE,
+    WIDTHS,
+    assert_as_portable,
+    filled_cache,
     forget_kernels,
+    latin_cases,
     outlier_keys,
     relative_error,
     scripts_compile_kernels,
+    step_inputs,
 )
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
@@ -46,49 +52,6 @@ from mlx_lm_turbo.kernels import (
 )
 from mlx_lm_turbo.kernels.decode_attention import recent_tail, tail_row, tail_rows
 
-TOLERANCE = 2e-3
-BF16_TOLERANCE = 4e-3
-
-
-def latin_cases(*axes):
-    """Every combination of the axes' values (a tuple value gives several arguments),
-    on a GPU; on the kernels' CPU build only those whose indices sum to a multiple of
-    the last axis's length: every value of each axis still runs, and of three axes of
-    three values every pair of values meets."""
-    cases = []
-    for at in itertools.product(*(range(len(axis)) for axis in axes)):
-        values = [axis[i] for axis, i in zip(axes, at)]
-        flat = [
-            v
-            for value in values
-            for v in (value if isinstance(value, tuple) else (value,))
-        ]
-        on_cpu = sum(at) % len(axes[-1]) == 0
-        cases.append(
-            pytest.param(*flat, marks=() if on_cpu else pytest.mark.gpu_matrix)
-        )
-    return cases
-
-
-def filled_cache(cache, T, H, D, dtype, seed=0, chunk=None):
-    keys = outlier_keys((1, H, T, D), seed=seed).astype(dtype)
-    values = mx.random.normal((1, H, T, D), key=mx.random.key(seed + 1)).astype(dtype)
-    step = chunk or T
-    for start in range(0, T, step):
-        cache.update_and_fetch(
-            keys[:, :, start : start + step], values[:, :, start : start + step]
-        )
-    return cache
-
-
-def step_inputs(cache, L, H, G, D, dtype, seed=7):
-    k = outlier_keys((1, H, L, D), seed=seed).astype(dtype)
-    v = mx.random.normal((1, H, L, D), key=mx.random.key(seed + 1)).astype(dtype)
-    q = mx.random.normal((1, H * G, L, D), key=mx.random.key(seed + 2)).astype(dtype)
-    mask = cache.make_mask(L, return_array=False, window_size=None)
-    view, _ = cache.update_and_fetch(k, v)
-    return q, view, mask
-
 
 def both_paths(monkeypatch, q, view, mask, sinks=None, scale=None):
     scale = scale or q.shape[-1] ** -0.5
@@ -100,38 +63,6 @@ def both_paths(monkeypatch, q, view, mask, sinks=None, scale=None):
     mx.eval(portable, fused)
     assert fused.shape == portable.shape and fused.dtype == portable.dtype
     return fused, portable
-
-
-def float32_reference(monkeypatch, q, view, mask, sinks=None, scale=None):
-    """The portable path in float32 on the same compressed caches."""
-    scale = scale or q.shape[-1] ** -0.5
-    up = lambda a: None if a is None else a.astype(mx.float32)  # noqa: E731
-    ref = copy.copy(view)
-    ref.codec = copy.copy(view.codec)
-    ref.codec.dtype = mx.float32
-    ref.new_keys, ref.new_values = up(view.new_keys), up(view.new_values)
-    if view.sinks is not None:
-        ref.sinks = (up(view.sinks[0]), up(view.sinks[1]), view.sinks[2])
-    if not view.codec.scheme.key_bits:  # keys stored in the model's dtype
-        ref.stored = (up(view.stored[0]), *view.stored[1:])
-    monkeypatch.setenv(KERNEL_ENV, "off")
-    return turbo_scaled_dot_product_attention(
-        q.astype(mx.float32), ref, scale, mask, sinks
-    )
-
-
-def assert_as_portable(monkeypatch, out, portable, q, view, mask, sinks=None):
-    """A kernel's output against the portable path's (bfloat16: against float32, see
-    above)."""
-    if q.dtype != mx.bfloat16:
-        assert relative_error(out, portable) < TOLERANCE
-        return
-    exact = float32_reference(monkeypatch, q, view, mask, sinks)
-    assert relative_error(out, exact) < BF16_TOLERANCE
-    # no further from it than the portable path, but for the rounding of an output
-    # element (where both compute alike, as on the CPU, one bf16 ulp apart moves the
-    # error by about 1e-9)
-    assert relative_error(out, exact) <= relative_error(portable, exact) * 1.001
 
 
 def check(monkeypatch, q, view, mask, sinks=None):
@@ -271,23 +202,6 @@ def test_on_where_the_kernel_cannot_run_is_a_clear_error(monkeypatch):
 
 
 # -- on the GPU ------------------------------------------------------------------
-# Every key and value width, keys stored as they are (turbo0vN) among them.
-WIDTHS = [
-    "turbo4",
-    "turbo3",
-    "turbo2",
-    "turbo8",
-    "turbo4v2",
-    "turbo3v2",
-    "turbo0v4",
-    "turbo0v2",
-    "turbo8v4",
-    "turbo5v3",
-    "turbo6v2",
-    "turbo5v2",
-    "turbo4v3",  # 4-bit keys' lane pairs beside 3-bit values
-    "turbo3v4",  # 3-bit keys' pair table beside 4-bit values' lane pairs
-]
 
 
 @pytest.mark.usefixtures("cuda_kernels")

@@ -27,6 +27,7 @@ from ..kernels import (
     fused_prefill_attention,
 )
 from ..kernels.dispatch import KERNEL_ENV, gpu_backend, kernel_mode
+from ..kernels.prefill_attention import settle_layer
 from .view import TurboKV, causal_padding_mask
 
 # Scores and softmax run in float32: exact enough for every model dtype, and on
@@ -285,23 +286,8 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
             return None
     out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
     out = codec.restore_output(out)
-    _settle_dense(out)
+    settle_layer(out)
     return out
-
-
-# The last dense prefill call's output while the device runs it. A chunk's layers form
-# one graph, and on a GPU the host queues every layer's dequantized history before the
-# device has run the first (16K tokens, 8 layers on the H200: 3.8x fp16's peak), so
-# each call waits for the one before it: at most two layers' temporaries are alive
-# (the last output stays referenced here until the next dense call).
-_dense_in_flight = []
-
-
-def _settle_dense(out):
-    mx.async_eval(out)
-    if _dense_in_flight:
-        mx.eval(_dense_in_flight.pop())
-    _dense_in_flight.append(out)
 
 
 def _dense_query_rows(keys, dtype):

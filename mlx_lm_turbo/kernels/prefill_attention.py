@@ -131,19 +131,20 @@ def prefill_attention(queries, kv, scale, mask, left_padding=None):
         )
         state = outputs
     out = codec.restore_output(state[0])
-    _settle(out)
+    settle_layer(out)
     return out
 
 
-# The last layer's output while the device runs it. A chunk's layers form one graph, in
-# which each layer's dequantizing reads only its cache: left lazy, MLX could run every
-# layer's before the first layer's attention and hold them all. Each call waits for the
-# one before instead, so at most two layers' segments are alive (the last output stays
-# referenced here until the next call).
+# The last prefill layer's output while the device runs it. A chunk's layers form one
+# graph, in which each layer's dequantizing reads only its cache: left lazy, MLX could
+# run every layer's before the first layer's attention and hold them all. Each call
+# waits for the one before instead, so at most two layers' temporaries are alive (the
+# last output stays referenced here until the next call).
 _in_flight = []
 
 
-def _settle(out):
+def settle_layer(out):
+    """Queue ``out`` (a prefill layer's attention output) and wait for the one before."""
     mx.async_eval(out)
     if _in_flight:
         mx.eval(_in_flight.pop())
