@@ -617,7 +617,7 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
     cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
     monkeypatch.setenv(KERNEL_ENV, "auto")
     q, view, mask = step_inputs(cache, 1, 2, 4, 128, mx.float16)
-    assert view.pending is cache  # encoded in the launch
+    assert view.pending is not None  # encoded in the launch
     assert fused_decode_and_encode(q, view, 0.1, mask) is not None
     q, view, mask = step_inputs(cache, 16, 2, 4, 128, mx.float16)
     assert fused_decode_attention(q, view, 0.1, mask) is None
@@ -704,7 +704,7 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "auto")
     plain = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float16)
     q, view, mask = step_inputs(plain, 1, 2, 2, 64, mx.float16)
-    assert view.pending is plain  # its encoding left to the attention launch
+    assert view.pending is not None  # its encoding left to the attention launch
     step = fused_decode_and_encode(q, view, 0.125, mask, 3 * mx.ones((4,)))
     assert step is not None
     ring = filled_cache(
@@ -725,7 +725,7 @@ def test_auto_serves_attention_sinks_and_sliding_windows(monkeypatch):
         TurboQuantKVCache("turbo4", recent_exact=8), 40, 2, 64, mx.float16
     )
     q, view, mask = step_inputs(recent, 1, 2, 2, 64, mx.float16)
-    assert view.window == 8 and view.pending is recent  # encoded in its launch too
+    assert view.window == 8 and view.pending is not None  # encoded in its launch too
     assert fused_decode_and_encode(q, view, 0.125, mask) is not None
     ring = filled_cache(
         TurboQuantRotatingKVCache("turbo4", max_size=32, recent_exact=8),
@@ -909,7 +909,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
-    assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
+    assert view.pending is not None and view.new_keys.shape == (1, 2, 1, 64)
     out, rows, recent_rows = fused_decode_and_encode(q, view, 0.125, mask)
     assert recent_rows is None  # no window
     (arguments,) = calls
@@ -954,7 +954,7 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     monkeypatch.setattr(dispatch, "_layer_support", lambda *where_and_what: None)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     q, view, mask = step_inputs(cache, 1, 2, 2, 64, mx.float16)
-    assert view.pending is cache and view.new_keys.shape == (1, 2, 1, 64)
+    assert view.pending is not None and view.new_keys.shape == (1, 2, 1, 64)
     # per head: room for a packed row (17 words, 20 with the alignment), then 7 rows
     # of 4 x 64 fp16 values (128 words each)
     assert view.recent.shape == (1, 2, 1, 20 + 7 * 128) and view.window == 8
@@ -982,7 +982,9 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     recent_rows = mx.arange(recent_rows.size, dtype=mx.uint32).reshape(
         recent_rows.shape
     )
-    cache.store_row(view, rows, recent_rows)
+    step = view.pending
+    step.launched, step.rows, step.recent_rows = True, rows, recent_rows
+    cache._take_launch()
     assert cache._recent_rows_now() is recent_rows
     # the row, sliced from the tail when ordered
     assert cache._rows_in_place[1] is recent_rows
@@ -1026,9 +1028,9 @@ def emulated_launch(calls):
         plain = TurboKV(
             kv.codec, kv.stored, exact_keys, exact_values, kv.sinks, kv.window
         )
-        if in_place:
+        if in_place:  # into the cache's own buffer, as the kernel writes
             slot = kv.stored[-1].shape[2] - 1
-            kv.pending.stored[-1][:, :, slot : slot + 1] = rows
+            kv.pending.settle.__self__.stored[-1][:, :, slot : slot + 1] = rows
         out = blockwise_attention(queries, plain, scale, mask, sinks)
         return out, None if kv.recent is not None else rows, recent_rows
 
@@ -1153,6 +1155,7 @@ def test_ordering_rows_written_in_place_reads_the_launch_output_in_one_kernel(
     cache = small_cache(recent_exact=16)
     decode_steps(cache, 3)
     assert all(in_place for _, in_place in launch_anywhere)
+    cache._take_launch()
     position, rows = cache._rows_in_place
     cache._order_rows()
     ops = graph_ops(cache.stored[0], tmp_path)
@@ -1253,7 +1256,7 @@ def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
     deferred = small_cache("turbo3", recent_exact=recent_exact)
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
     view, _ = deferred.update_and_fetch(k, v)
-    assert view.pending is deferred and deferred.offset == 41
+    assert view.pending is not None and deferred.offset == 41
     assert (view.recent is None) == (recent_exact == 1)
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     plain = small_cache("turbo3", recent_exact=recent_exact)
@@ -1280,7 +1283,7 @@ def test_a_cache_joins_a_batch_with_its_waiting_token_encoded(
         cache = small_cache(recent_exact=8)
         k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
         view, _ = cache.update_and_fetch(k, v)
-        assert (view.pending is cache) == defers
+        assert (view.pending is not None) == defers
         return cache
 
     deferred, plain = waiting(True), waiting(False)
@@ -1305,7 +1308,7 @@ def test_a_launch_that_declines_leaves_the_token_to_the_cache(
     )
     deferred = small_cache(recent_exact=recent_exact)
     out = decode_steps(deferred, 3)
-    assert declined == [deferred] * 3  # each step's token waited for its launch
+    assert len(declined) == 3 and None not in declined  # each waited for its launch
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     plain = small_cache(recent_exact=recent_exact)
     for a, b in zip(out, decode_steps(plain, 3)):
@@ -1324,7 +1327,7 @@ def test_a_view_attended_twice_gives_the_same_output(
     q = mx.random.normal((1, 4, 1, 64), key=mx.random.key(3))
     view, _ = cache.update_and_fetch(k, v)
     first = turbo_scaled_dot_product_attention(q, view, 0.125, None)
-    assert len(launch_anywhere) == 1 and not cache.defers(view)
+    assert len(launch_anywhere) == 1 and view.pending.launched
     again = turbo_scaled_dot_product_attention(q, view, 0.125, None)
     assert view.pending is None  # its exact copies made for the second call
     assert mx.allclose(first, again, rtol=1e-5, atol=1e-6).item()
@@ -1355,7 +1358,7 @@ def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
         TurboQuantKVCache(scheme, key_calibration=calibration), 600, 4, D, dtype
     )
     q, view, mask = step_inputs(cache, 1, 4, 3, D, dtype)
-    assert view.pending is cache and cache.row_in_place(view)
+    assert view.pending is not None and view.pending.in_place
     out, rows, _ = fused_decode_and_encode(q, view, D**-0.5, mask, in_place=True)
     (encoded,), exact_keys, exact_values = fused_encode(
         view.codec, view.new_keys, view.new_values
@@ -1369,7 +1372,7 @@ def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
     )
     reference = fused_decode_attention(q, plain, D**-0.5, mask)
     assert relative_error(out, reference) < 1e-6
-    cache.store_row(view, rows)
+    view.pending.launched, view.pending.rows = True, rows
     assert mx.array_equal(cache._stored_slice()[-1][:, :, -1:], encoded).item()
 
 
@@ -1384,7 +1387,8 @@ def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeyp
     one = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
     two = filled_cache(TurboQuantKVCache("turbo4"), 766, 2, 128, mx.float16)
     out = decode_steps(one, 4, D=128, dtype=mx.float16)
-    assert one._deferred is None  # each launch stored its token's row
+    one._take_launch()  # the last launch's row, stored on the cache's next call
+    assert one._waiting is None  # each launch's row stored
     assert one._rows_in_place[0] == 769  # the last row; 766-767 ordered by the growth
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: False)
     for a, b in zip(out, decode_steps(two, 4, D=128, dtype=mx.float16)):
@@ -1424,7 +1428,8 @@ def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(
 
     one, two = new(), new()
     out = decode_steps(one, 6, D=D, dtype=dtype)
-    assert one._deferred is None and one._recent_rows is not None
+    one._take_launch()  # the last launch's tail, taken on the cache's next call
+    assert one._waiting is None and one._recent_rows is not None
     # the rows the last launch handed back: its token's and the ones before it in the
     # attention domain, as the codec makes them from their raw copies
     rows = tail_rows(one.codec, one._recent_rows[1])

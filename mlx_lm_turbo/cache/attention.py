@@ -67,18 +67,20 @@ def turbo_scaled_dot_product_attention(
 ) -> mx.array:
     # An update its cache makes again with these queries (its keys calibrate on them).
     if kv.calibrating is not None:
-        kv.calibrating.take_queries(kv, queries)
-    # A decode token its cache left for the attention launch to encode.
-    if kv.pending is not None:
-        cache = kv.pending
-        if cache.defers(kv):
-            in_place = cache.row_in_place(kv)
-            step = fused_decode_and_encode(queries, kv, scale, mask, sinks, in_place)
-            if step is not None:
-                out, rows, recent_rows = step
-                cache.store_row(kv, rows, recent_rows)
+        kv.calibrating(kv, queries)
+    # A decode token its cache left for the attention launch to encode: the launch's
+    # results go back in the step, which the cache reads on its next call.
+    step = kv.pending
+    if step is not None:
+        if not step.launched:
+            launch = fused_decode_and_encode(
+                queries, kv, scale, mask, sinks, step.in_place
+            )
+            if launch is not None:
+                out, step.rows, step.recent_rows = launch
+                step.launched = True
                 return out
-        cache.settle(kv)
+        step.settle(kv)
     fused = fused_decode_attention(queries, kv, scale, mask, sinks)
     if fused is not None:  # decode on a GPU: straight from the packed codes
         return fused

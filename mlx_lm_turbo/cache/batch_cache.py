@@ -21,12 +21,12 @@ from mlx_lm.models.cache import (
     dynamic_roll,
 )
 
-from .cache import (
-    QueryCalibration,
-    TurboQuantKVCache,
-    TurboQuantRotatingKVCache,
-    _check_keys_values,
+from .cache import TurboQuantKVCache, TurboQuantRotatingKVCache
+from .common import (
+    CacheCommon,
+    check_keys_values,
     check_recent_exact,
+    empty_like,
     encode,
     led_by_recent,
     new_codec,
@@ -73,7 +73,7 @@ def _concat_statistic(codecs, rows, name, neutral):
     )
 
 
-class _BatchStatistics(QueryCalibration):
+class _BatchStatistics(CacheCommon):
     """Per-sequence sink tokens, the key statistics measured on them and the codec they
     live in, shared by both batch forms."""
 
@@ -131,9 +131,6 @@ class _BatchStatistics(QueryCalibration):
                     zeros if own is None else mx.concatenate([zeros, own], axis=2)
                 )
         return tuple(mx.concatenate(parts[i::2]) for i in range(2))
-
-    def _refuse_trim(self, n):
-        TurboQuantKVCache._refuse_trim(self, n)
 
     def _init_sinks(self, rows, sink_tokens):
         # Each row's first real tokens, exact (see TurboQuantKVCache.sink_tokens):
@@ -459,11 +456,11 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             return batch
         rows = []
         for n, a in zip(lengths, arrays):
-            pad = TurboQuantKVCache._empty_like(like, max_length - n)
+            pad = empty_like(like, max_length - n)
             rows.append(
                 [mx.concatenate([p, x], axis=2) for p, x in zip(pad, a)]
                 if a is not None
-                else TurboQuantKVCache._empty_like(like, max_length)
+                else empty_like(like, max_length)
             )
         batch.stored = tuple(mx.concatenate(parts) for parts in zip(*rows))
         batch.offset = batch.offset + max_length
@@ -471,7 +468,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
         return batch
 
     def update_and_fetch(self, keys, values):
-        _check_keys_values(keys, values)
+        check_keys_values(keys, values)
         self._rerun = None  # a view attention did not take queries for: as it is
         self._ensure_codec(keys, values)
         if self._awaits_queries():
@@ -486,9 +483,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self.codec, *self._led_by_recent(keys, values, prev, extra), new_tokens=n
         )
         if self.stored is None or prev + n > self.stored[0].shape[2]:
-            grown = TurboQuantKVCache._empty_like(
-                stored, (self.step + n - 1) // self.step * self.step
-            )
+            grown = empty_like(stored, (self.step + n - 1) // self.step * self.step)
             if self.stored is not None:
                 grown = [
                     mx.concatenate([s[..., :prev, :], g], axis=2)
@@ -524,7 +519,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             self.left_padding[:, None] + slots,
             self._idx - 1,
         )
-        return (*TurboQuantKVCache._attention_sinks(self), positions[:, None, :, None])
+        return (*self._attention_sinks(), positions[:, None, :, None])
 
     def make_mask(self, N, return_array=False, **kwargs):
         mask = BatchKVCache.make_mask(self, N, return_array=return_array, **kwargs)
@@ -607,9 +602,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             if idx - c._idx:
                 arrays = [
                     mx.concatenate([p, a], axis=2)
-                    for p, a in zip(
-                        TurboQuantKVCache._empty_like(arrays, idx - c._idx), arrays
-                    )
+                    for p, a in zip(empty_like(arrays, idx - c._idx), arrays)
                 ]
             return arrays, c.left_padding + (idx - c._idx)
 
@@ -675,7 +668,7 @@ class TurboQuantBatchKVCache(_BatchStatistics):
             *(self.sinks or ()),
             *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
             *(self.recent or ()),
-            *TurboQuantKVCache._converted_sink_arrays(self),
+            *self._converted_sink_arrays(),
         )
         return sum(a.nbytes for a in arrays)
 
@@ -754,7 +747,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
                 shim.keys, shim.values = _pack_pair(c.codec, c.stored)
                 shim.offset, shim._idx = c.offset, c._idx
             shims.append(shim)
-        batch = BatchRotatingKVCache.merge.__func__(cls, shims)
+        batch = super().merge(shims)
         batch.scheme, batch.seed, batch.layer = first.scheme, first.seed, first.layer
         batch.key_calibration = first.key_calibration
         batch.sink_tokens = first.sink_tokens
@@ -806,7 +799,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         if self.sinks is None or not present:
             return None
         positions = mx.array(rows)[:, None, :, None]
-        return (*TurboQuantKVCache._attention_sinks(self), positions)
+        return (*self._attention_sinks(), positions)
 
     def _let_go_of_sinks(self):
         """As the single cache does: once every row is past its window and trimming."""
@@ -831,7 +824,7 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
         return mask[:, None, None, :]
 
     def update_and_fetch(self, keys, values):
-        _check_keys_values(keys, values)
+        check_keys_values(keys, values)
         self._rerun = None  # a view attention did not take queries for: as it is
         self._ensure_codec(keys, values)
         if self._awaits_queries():
@@ -975,6 +968,6 @@ class TurboQuantBatchRotatingKVCache(_BatchStatistics, BatchRotatingKVCache):
             *(self.sinks or ()),
             *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
             *(self.recent or ()),
-            *TurboQuantKVCache._converted_sink_arrays(self),
+            *self._converted_sink_arrays(),
         )
         return BatchRotatingKVCache.nbytes.fget(self) + sum(a.nbytes for a in arrays)

@@ -21,7 +21,7 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
-from ..codec.codec import TurboCodec, check_key_calibration, query_energy
+from ..codec.codec import TurboCodec, check_key_calibration
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
@@ -31,8 +31,18 @@ from ..kernels.decode_attention import (
     tail_row,
     tail_rows,
 )
-from ..kernels.encode import fused_encode
-from .view import TurboKV, recent_part
+from .common import (
+    CacheCommon,
+    check_integer,
+    check_keys_values,
+    check_recent_exact,
+    empty_like,
+    encode,
+    led_by_recent,
+    new_codec,
+    route_attention,
+)
+from .view import PendingStep, TurboKV, recent_part
 
 # The layout of a saved cache's state and the rules it was made under, written into its
 # metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
@@ -113,165 +123,7 @@ def _leading_positions(n):
     return positions
 
 
-def _install_attention_dispatch():
-    # Whatever built this cache (make_prompt_cache, a loaded file, user code),
-    # mlx-lm's attention must route TurboKV to the turbo path before it is used.
-    from .attention import install_attention_dispatch
-
-    install_attention_dispatch()
-
-
-def _held(value):
-    """``value`` as it is now, kept from in-place updates of its arrays (MLX's
-    ``a[i] = x`` and ``a += x`` change the array object itself)."""
-    if isinstance(value, mx.array):
-        return copy.copy(value)
-    if type(value) in (tuple, list):
-        return type(value)(_held(v) for v in value)
-    return value
-
-
-class QueryCalibration:
-    """How a cache gets its sink tokens' queries (``center+query`` calibration,
-    ``codec.KEY_CALIBRATIONS``): only attention sees queries, after the update that
-    stores the keys. An update that keeps sink tokens is therefore made twice: once
-    without its queries, into the view attention gets (marked ``calibrating``), then,
-    when attention hands the queries over (``take_queries``), again from the state
-    before it, with them, into the same view. MLX builds graphs lazily: the first
-    update's arrays, no longer referenced, never run."""
-
-    _rerun = None  # (view, the cache's state before the update, keys, values)
-    _query_energy = None  # the update's codec.query_energy while it is made again
-    _first_pass = False
-
-    def _awaits_queries(self) -> bool:
-        """Whether this update keeps sink tokens whose queries calibrate the keys."""
-        raise NotImplementedError
-
-    def _update_awaiting_queries(self, keys, values):
-        before = {name: _held(v) for name, v in self.__dict__.items()}
-        self._first_pass = True
-        try:
-            view, _ = self.update_and_fetch(keys, values)
-        finally:
-            self._first_pass = False
-        self._rerun = (view, before, keys, values)
-        view.calibrating = self
-        return view, view
-
-    def take_queries(self, view, queries):
-        """Make ``view``'s update again with its queries (attention calls this first)."""
-        view.calibrating = None
-        if self._rerun is None or self._rerun[0] is not view:
-            return  # made again already (a layer sharing this one's keys attends)
-        _, before, keys, values = self._rerun
-        self.__dict__.clear()
-        self.__dict__.update(before)
-        self._query_energy = query_energy(queries, self.codec.n_kv_heads)
-        try:
-            fresh, _ = self.update_and_fetch(keys, values)
-        finally:
-            self._query_energy = None
-        for name in TurboKV.__slots__:
-            setattr(view, name, getattr(fresh, name))
-
-    def _wants_query_energy(self):
-        return self.codec.calibrates_on_queries and not (
-            self._first_pass or self._query_energy is not None
-        )
-
-    def _incoming_energy(self, tokens):
-        """This update's query energies, (B, H, tokens, D/2), or None (not given, or
-        given for other tokens)."""
-        energy = self._query_energy
-        return energy if energy is not None and energy.shape[2] == tokens else None
-
-
-def new_codec(cache, keys, values):
-    """A codec for ``cache``'s scheme, seed, layer and key calibration, sized by these keys
-    and values; mlx-lm's attention is routed here first (_install_attention_dispatch)."""
-    _install_attention_dispatch()
-    return TurboCodec.for_keys(
-        cache.scheme,
-        keys,
-        values,
-        seed=cache.seed,
-        layer=cache.layer,
-        key_calibration=cache.key_calibration,
-    )
-
-
-def encode(codec, keys, values, new_tokens=None):
-    """``codec.encode(keys, values)``, by the fused kernel where it runs (one launch
-    instead of some twenty small ops, each costing tens of microseconds on a GPU).
-    With ``new_tokens``, the stored arrays of the last that many tokens only: the ones
-    before them (a recent window led in) are encoded for their exact copies alone,
-    which a launch makes with the new tokens' instead of a conversion of their own."""
-    fused = fused_encode(codec, keys, values)
-    stored, exact_keys, exact_values = (
-        fused if fused is not None else codec.encode(keys, values)
-    )
-    if new_tokens is not None and new_tokens < keys.shape[2]:
-        stored = tuple(a[:, :, -new_tokens:] for a in stored)
-    return stored, exact_keys, exact_values
-
-
-def led_by_recent(recent, keys, values, keep):
-    """(keys, values led by the ``recent`` tokens kept before them, the last ``keep``
-    tokens of those to keep for the next chunk). The led chunk is encoded as one: the
-    launch gives the recent tokens' exact copies in the current codec's domain with
-    the chunk's. The kept tokens are a view where the arrays hold few more (a decode
-    step's), a copy where they hold a chunk (a view would keep its K/V alive)."""
-    if recent is not None and recent[0].shape[2]:
-        keys, values = (
-            mx.concatenate([r, a], axis=2) for r, a in zip(recent, (keys, values))
-        )
-    kept = tuple(
-        a[:, :, -keep:] if a.shape[2] <= 2 * keep else mx.contiguous(a[:, :, -keep:])
-        for a in (keys, values)
-    )
-    return keys, values, kept
-
-
-def check_integer(name, value, least=0, meaning=""):
-    """``value`` if it is an integer >= ``least``, else TypeError / ValueError naming
-    ``name`` and what it may be."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        error = TypeError
-    elif value < least:
-        error = ValueError
-    else:
-        return value
-    raise error(f"{name} must be an integer >= {least}{meaning}, got {value!r}.")
-
-
-def check_recent_exact(recent_exact):
-    """The window of exactly read keys a cache is asked for, or TypeError / ValueError."""
-    return check_integer(
-        "recent_exact",
-        recent_exact,
-        1,
-        " (1: each query reads only itself and the sink tokens exactly)",
-    )
-
-
-def _check_keys_values(keys, values):
-    if not (isinstance(keys, mx.array) and isinstance(values, mx.array)):
-        raise TypeError("TurboQuant caches take mx.array keys and values.")
-    if (
-        keys.ndim != 4
-        or values.ndim != 4
-        or keys.shape[:3] != values.shape[:3]
-        or not keys.shape[2]
-    ):
-        raise ValueError(
-            "TurboQuant caches take keys and values shaped (batch, kv_heads, tokens, head_dim) "
-            f"with matching leading dims and at least one token; got {keys.shape} and "
-            f"{values.shape}."
-        )
-
-
-class _TurboCache(QueryCalibration):
+class _TurboCache(CacheCommon):
     """What both cache layouts share: the codec, the fp16 start, sink tokens, state, sizes."""
 
     step = 256
@@ -338,7 +190,7 @@ class _TurboCache(QueryCalibration):
 
     def _compressing(self, keys, values):
         """Route an update: True when it goes to the compressed store."""
-        _check_keys_values(keys, values)
+        check_keys_values(keys, values)
         if self.codec is not None:
             if (
                 keys.shape[1] != self.codec.n_kv_heads
@@ -449,18 +301,6 @@ class _TurboCache(QueryCalibration):
                     energy if held is None else mx.concatenate([held, energy], axis=2)
                 )
 
-    def _converted_sink_arrays(self):
-        cached = getattr(self, "_converted_sinks", None)
-        return [] if cached is None else list(cached[1])
-
-    def _attention_sinks(self):
-        """The sink tokens in the attention domain, converted once per codec and sink set."""
-        key = (self.codec, self.sinks)
-        cached = getattr(self, "_converted_sinks", None)
-        if cached is None or cached[0][0] is not key[0] or cached[0][1] is not key[1]:
-            self._converted_sinks = (key, self.codec.exact(*self.sinks))
-        return self._converted_sinks[1]
-
     def _sinks_in(self, width):
         """The sink tokens as TurboKV sinks over ``width`` stored tokens, or None."""
         if self.sinks is None:
@@ -508,16 +348,6 @@ class _TurboCache(QueryCalibration):
         # A trim would leave the last tokens without the exact copies a cold prefill
         # reads them with: a cache keeping recent copies cannot be trimmed exactly.
         return self.recent_exact == 1
-
-    def _refuse_trim(self, n):
-        if n > 0 and self.recent_exact > 1 and self.codec is not None:
-            raise ValueError(
-                f"This TurboQuant cache reads the {self.recent_exact - 1} tokens before each "
-                "query exactly and keeps exact copies of the last ones only: after a trim, "
-                "the new last tokens have none, so it would not continue as a cold one. "
-                "Build caches with recent_exact=1 where they must be trimmed (speculative "
-                "decoding)."
-            )
 
     # A pipeline stage ties its send into the graph through its last cache:
     # ``cache[-1].keys = mx.depends(cache[-1].keys, h)`` (mlx-lm's pipelined models).
@@ -665,11 +495,6 @@ class _TurboCache(QueryCalibration):
             return stored
         return tuple([a[:, :, :n] for a in stored])
 
-    @staticmethod
-    def _empty_like(arrays, tokens):
-        """Zeroed arrays shaped like ``arrays`` but with ``tokens`` on the token axis."""
-        return [mx.zeros((*a.shape[:2], tokens, *a.shape[3:]), a.dtype) for a in arrays]
-
     @property
     def state(self):
         """[meta json, key mean, key scale, sink keys, sink values, recent keys, recent
@@ -706,7 +531,7 @@ class _TurboCache(QueryCalibration):
         self.sinks = None if sink_keys is None else (sink_keys, sink_values)
         self.recent = None if recent_keys is None else (recent_keys, recent_values)
         if self._codec_meta is not None:  # compressed
-            _install_attention_dispatch()
+            route_attention()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
             if arrays and self._format < 3:
                 arrays = self.codec.stored_from_arrays(arrays)
@@ -726,10 +551,11 @@ class TurboQuantKVCache(_TurboCache):
     """Compressed replacement for mlx-lm's ``KVCache``.
 
     A decode token whose layer the fused kernels serve is not encoded here: the view
-    carries it as the model gave it (``TurboKV.pending``) and the attention launch
-    encodes it too, its row stored after the call (``store_row``): on MLX-CUDA each
-    custom call costs the host more than the encoding's GPU time. Anything else that reads the cache
-    first has it encoded as a plain update would (``settle``).
+    carries it as the model gave it (``TurboKV.pending``, a ``PendingStep``) and the
+    attention launch encodes it too, its row stored on the cache's next call
+    (``_take_launch``): on MLX-CUDA each custom call costs the host more than the
+    encoding's GPU time. Anything else that reads the cache first has it encoded as a
+    plain update would (``settle``).
 
     Where no one else can hold the token's slot, the launch writes the row there itself:
     no update op, which on MLX-CUDA would also copy the layer's whole cache while the
@@ -738,8 +564,9 @@ class TurboQuantKVCache(_TurboCache):
     ``_order_rows`` has written the last such row again through an op.
     """
 
-    # (view, keys, values, position, in place) of the decode token waiting for its launch
-    _deferred = None
+    # The view whose decode token (its ``pending`` step) waits for its launch, or for
+    # its launch's row to be stored
+    _waiting = None
     # (position, rows) of the last row a launch wrote into its slot, not yet by an op
     # (its own, or a recent tail led by it)
     _rows_in_place = None
@@ -755,6 +582,7 @@ class TurboQuantKVCache(_TurboCache):
 
     @property
     def recent(self):
+        self._take_launch()
         if self._recent is None and self._recent_rows is not None:
             codec, tail = self._recent_rows
             rows, D = tail_rows(codec, tail), codec.key_dim
@@ -788,7 +616,7 @@ class TurboQuantKVCache(_TurboCache):
         capacity = self.stored[0].shape[2] if self.stored is not None else 0
         if prev + n > capacity:
             n_steps = (self.step + n - 1) // self.step
-            grown = self._empty_like(like, n_steps * self.step)
+            grown = empty_like(like, n_steps * self.step)
             if self.stored is not None:
                 self._order_rows()  # the copy into the new buffers reads them
                 grown = [
@@ -804,7 +632,8 @@ class TurboQuantKVCache(_TurboCache):
 
     def update_and_fetch(self, keys, values):
         self._rerun = None  # a view attention did not take queries for: as it is
-        if self._deferred is not None:
+        self._take_launch()
+        if self._waiting is not None:
             self.settle()
         if self._defers(keys) and self._compressing(keys, values):
             # Counted now, its slot left empty (zeros) until its row comes back.
@@ -816,10 +645,10 @@ class TurboQuantKVCache(_TurboCache):
             # Not _stored_slice: the rows written in place stay unordered (only the
             # launch reads this view), and handing it to the launch shares no slot.
             view = self._view(self._slice(), keys, values)
-            view.pending = self
+            view.pending = PendingStep(keys, values, position, in_place, self.settle)
             if self.recent_exact > 1:
                 view.recent = self._recent_rows_now()
-            self._deferred = (view, keys, values, position, in_place)
+            self._waiting = view
             return view, view
         self.settle()
         return super().update_and_fetch(keys, values)
@@ -879,7 +708,7 @@ class TurboQuantKVCache(_TurboCache):
         """The recent tokens as a launch reads them (``recent_tail``): a row of 4 x
         head_dim each, key and value in the attention domain, then as the model gave
         them. Made here once after a plain update (``recent`` becomes views of it); a
-        launch hands the next ones back (``store_row``)."""
+        launch hands the next ones back (``_take_launch``)."""
         held = self._recent_rows
         if held is None or held[0] is not self.codec:
             rows = mx.concatenate(
@@ -896,31 +725,21 @@ class TurboQuantKVCache(_TurboCache):
     def _keep_recent_rows(self, tail):
         self._recent, self._recent_rows = None, (self.codec, tail)
 
-    def defers(self, view) -> bool:
-        """Whether ``view``'s token still waits for its launch to be encoded."""
-        return self._deferred is not None and self._deferred[0] is view
-
-    def row_in_place(self, view) -> bool:
-        """Whether the launch of ``view``'s waiting token writes its row into the slot
-        itself (no one else can hold that slot)."""
-        return self.defers(view) and self._deferred[4]
-
-    def store_row(self, view, rows, recent_rows=None):
-        """Store the row the attention launch encoded for ``view``'s token (where the
-        launch wrote it in place, keep it for ``_order_rows``), and the recent tail it
-        handed back one token on (``rows`` None: that tail leads with the row)."""
-        if not self.defers(view):
-            raise RuntimeError("This view's token is no longer waiting for its row.")
-        position, in_place = self._deferred[3:]
-        self._deferred = None
-        if recent_rows is not None:
-            self._keep_recent_rows(recent_rows)
-        if rows is None:
-            rows = recent_rows  # sliced to the row when written
-        if in_place:
-            self._rows_in_place = (position, rows)
+    def _take_launch(self):
+        """Store the row the waiting token's launch encoded (where the launch wrote it
+        in place, keep it for ``_order_rows``), and the recent tail it handed
+        back one token on (no row apart: that tail leads with the row)."""
+        view = self._waiting
+        if view is None or not view.pending.launched:
+            return
+        self._waiting = None
+        step = view.pending
+        if step.recent_rows is not None:
+            self._keep_recent_rows(step.recent_rows)
+        if step.in_place:
+            self._rows_in_place = (step.position, step.row())
         else:
-            self._write((tail_row(self.codec, rows),), position)
+            self._write((tail_row(self.codec, step.row()),), step.position)
 
     def _order_rows(self):
         """Make the stored rows an array that MLX computes after the last launch that
@@ -944,15 +763,18 @@ class TurboQuantKVCache(_TurboCache):
         """Encode the waiting token as a plain update does and make its view a plain
         one; ``view``: a view whose token was stored by its launch already, attended
         again (its exact copies are made now). Rows written in place are ordered first."""
+        self._take_launch()
         self._order_rows()
-        if self._deferred is not None and (view is None or self.defers(view)):
-            view, keys, values, position, _ = self._deferred
-            self._deferred = None
-            stored, exact_keys, exact_values = self._encode(keys, values, position)
-            self._write(stored, position)
+        if self._waiting is not None and (view is None or view is self._waiting):
+            view, self._waiting = self._waiting, None
+            step = view.pending
+            stored, exact_keys, exact_values = self._encode(
+                step.keys, step.values, step.position
+            )
+            self._write(stored, step.position)
             # sliced after the write, as a plain update
             view.stored = self._stored_slice()
-        elif view is not None and view.pending is self:
+        elif view is not None and view.pending is not None:
             _, exact_keys, exact_values = encode(
                 self.codec, view.new_keys, view.new_values
             )
@@ -1077,7 +899,7 @@ class TurboQuantRotatingKVCache(_TurboCache):
         n, prev = new[0].shape[2], self.offset
         capacity = self.stored[0].shape[2] if self.stored is not None else 0
         if self.stored is None or (prev >= capacity and capacity < self.max_size):
-            grown = self._empty_like(new, min(self.step, self.max_size - prev))
+            grown = empty_like(new, min(self.step, self.max_size - prev))
             if self.stored is not None:
                 grown = [
                     mx.concatenate([s, g], axis=2) for s, g in zip(self.stored, grown)

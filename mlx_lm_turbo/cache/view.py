@@ -25,6 +25,44 @@ def recent_part(rows, part, dim):
     return rows[..., part * dim : (part + 1) * dim]
 
 
+class PendingStep:
+    """A decode token its cache left for the attention launch to encode
+    (``TurboKV.pending``): made by the cache, filled in by attention, read back by the
+    cache on its next call.
+
+    ``keys``/``values``: the token as the model gave it; ``position``: its slot;
+    ``in_place``: whether the launch writes the token's row into that slot itself (no
+    one else can hold it). Attention sets ``launched`` once a launch encoded the token,
+    and ``rows``/``recent_rows`` to what it returned: the token's packed row, or, with
+    a window, the next step's recent tail led by that row. Where no launch takes the
+    call, or the view is attended again, attention calls ``settle(view)``: the cache
+    encodes the token as a plain update does (or makes the view's exact copies), and
+    the view becomes a plain one.
+    """
+
+    __slots__ = (
+        "keys",
+        "values",
+        "position",
+        "in_place",
+        "settle",
+        "launched",
+        "rows",
+        "recent_rows",
+    )
+
+    def __init__(self, keys, values, position, in_place, settle):
+        self.keys, self.values = keys, values
+        self.position, self.in_place = position, in_place
+        self.settle = settle
+        self.launched = False
+        self.rows = self.recent_rows = None
+
+    def row(self):
+        """What the launch returned that the token's row is sliced from."""
+        return self.rows if self.rows is not None else self.recent_rows
+
+
 class TurboKV:
     """Keys and values as a turbo cache hands them to attention.
 
@@ -42,12 +80,12 @@ class TurboKV:
     exact tail); otherwise from the compressed store.
     Models pass it through to ``scaled_dot_product_attention`` untouched.
 
-    ``pending``: the cache whose last token (a decode step's) is not encoded yet. Its
-    ``new_keys``/``new_values`` are then as the model gave them, and its slot in
-    ``stored`` holds no row: attention hands the token to the fused kernel, which
-    encodes it in the same launch, or asks the cache to encode it first
-    (``TurboQuantKVCache.settle``), which makes this a plain view. Where each query
-    also reads the tokens before it exactly (``window`` > 1), ``recent`` holds the
+    ``pending``: a ``PendingStep`` where the last token (a decode step's) is not
+    encoded yet. ``new_keys``/``new_values`` then hold it as the model gave it, and its
+    slot in ``stored`` holds no row: attention hands the token to the fused kernel,
+    which encodes it in the same launch, or has its cache encode it first
+    (``PendingStep.settle``), which makes this a plain view. Where each query also
+    reads the tokens before it exactly (``window`` > 1), ``recent`` holds the
     ``window - 1`` tokens before the pending one, a row of 4 x head_dim each: key and
     value in the attention domain, then as the model gave them (the launch reads the
     first half and hands the rows back one token on).
@@ -56,10 +94,12 @@ class TurboKV:
     batch cache whose masks (``causal_padding_mask``) are the causal mask and this
     padding alone; None elsewhere.
 
-    ``calibrating``: the cache that still needs this update's queries (its key
-    calibration measures the sink tokens' queries, which only attention sees):
-    attention hands them over first (``take_queries``), and the cache makes the
-    update again with them, into this view.
+    ``calibrating``: None, or a function of this view and its queries that its cache
+    needs before attention reads the view (its key calibration measures the sink
+    tokens' queries, which only attention sees): called first, it makes the update
+    again with them, into this view.
+
+    Those two are all that flows back from attention to a cache.
     """
 
     __slots__ = (

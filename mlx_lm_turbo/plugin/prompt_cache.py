@@ -3,7 +3,8 @@
 from typing import Optional
 
 from ..cache.attention import install_attention_dispatch
-from ..cache.cache import check_integer, check_recent_exact, register_cache_classes
+from ..cache.cache import register_cache_classes
+from ..cache.common import check_integer, check_recent_exact
 from ..codec.schemes import KVScheme, parse_scheme
 from ..errors import UnsupportedModelError, UsageError
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT

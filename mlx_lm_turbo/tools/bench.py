@@ -96,7 +96,7 @@ class CacheKind:
     """One row of the benchmark: how to build the cache, and what it stores per value."""
 
     def __init__(self, name, boundary_skip, recent_exact=DEFAULT_RECENT_EXACT):
-        from ..cache.cache import check_recent_exact
+        from ..cache.common import check_recent_exact
         from ..codec.schemes import parse_scheme
 
         self.name, self.boundary_skip = name, boundary_skip
@@ -652,7 +652,7 @@ def write(results, out_dir):
 
 def _check_options(parser, args):
     """Bad options fail here, before the model loads."""
-    from ..cache.cache import check_recent_exact
+    from ..cache.common import check_recent_exact
 
     try:
         for name in args.caches:
