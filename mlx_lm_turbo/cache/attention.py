@@ -27,7 +27,7 @@ from ..kernels import (
     fused_prefill_attention,
 )
 from ..kernels.dispatch import KERNEL_ENV, gpu_backend, kernel_mode
-from ..kernels.prefill_attention import settle_layer
+from ..kernels.prefill_attention import settle_layer, with_sinks
 from .view import TurboKV, causal_padding_mask
 
 # Scores and softmax run in float32: exact enough for every model dtype, and on
@@ -248,7 +248,7 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
     keys, values = codec.decode(kv.stored)
     if kv.sinks is not None:
         keys, values = (
-            _with_sinks(a, sink, kv.sinks[2])
+            with_sinks(a, sink, kv.sinks[2])
             for a, sink in zip((keys, values), kv.sinks)
         )
     if n_exact:
@@ -295,15 +295,6 @@ def dense_prefill_attention(queries, kv: TurboKV, scale, mask, fused_only=False)
 def _dense_query_rows(keys, dtype):
     """Query rows per slice of a dense prefill's mask over ``keys`` keys."""
     return max(1, DENSE_MASK_BYTES // (keys * (dtype.size + 1)))
-
-
-def _with_sinks(dense, sink, positions):
-    """``dense`` (B, H, T, D) with the exact sink tokens written at their positions.
-    (A batch row's unfilled sink slot points at the last token, whose stored slot no
-    query reads: each reads itself from the exact tail.)"""
-    B, H, _, D = dense.shape
-    index = mx.broadcast_to(positions, (B, H, positions.shape[2], D))
-    return mx.put_along_axis(dense, index, sink.astype(dense.dtype), axis=2)
 
 
 def block_tokens(n_rows, n_queries):

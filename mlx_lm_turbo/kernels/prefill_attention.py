@@ -4,8 +4,8 @@
 Computes what the portable path of ``attention.turbo_scaled_dot_product_attention``
 computes from the same ``TurboKV`` (its reference in the tests): the history is
 dequantized into the attention domain in segments of at most
-``WORKSPACE_BYTES`` (one MLX op per segment, the sink tokens written exactly at
-their positions), and ``prefill_attention.cu`` runs flash attention over each
+``WORKSPACE_BYTES`` (one ``dequantize.cu`` launch per segment, the sink tokens
+written exactly at their positions), and ``prefill_attention.cu`` runs flash attention over each
 segment and then the exact tail, applying the view's rule of which keys a query
 reads exactly (its window) by position, with no mask array. A segment's launch
 hands its running (output, max, sum) to the next, so a layer's transient memory is
@@ -165,7 +165,7 @@ def _history(codec, kv, start, count, dtype):
         inside = (positions >= start) & (positions < start + count)
         slots = mx.where(inside, positions - start, count)
         keys, values = (
-            _put_tokens(a, sink.astype(dtype), slots)
+            with_sinks(a, sink, slots)
             for a, sink in ((keys, sink_keys), (values, sink_values))
         )
     return keys, values
@@ -227,37 +227,34 @@ def _dequantizer(dtype, head_dim, key_bits, value_bits, key_words, row_words):
     )
 
 
-def _put_tokens(dense, tokens, slots):
+def with_sinks(dense, sink, positions):
+    """``dense`` (B, H, T, D) with the exact sink tokens written at their positions
+    (B|1, 1, S, 1). (A batch row's unfilled sink slot points at the last token, whose
+    stored slot no query reads: each reads itself from the exact tail.)"""
     B, H, _, D = dense.shape
-    index = mx.broadcast_to(slots, (B, H, slots.shape[2], D))
-    tokens = mx.broadcast_to(tokens, (B, H, *tokens.shape[2:]))
-    return mx.put_along_axis(dense, index, tokens, axis=2)
+    index = mx.broadcast_to(positions, (B, H, positions.shape[2], D))
+    return mx.put_along_axis(dense, index, sink.astype(dense.dtype), axis=2)
 
 
 def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
     B, Hq, L, D = q.shape
-    has_a, has_b = ka is not None, kb is not None
-    kernel = _kernel(
-        q.dtype, D, has_a, has_b, state is not None, pads is not None, final
-    )
     given = {"q": q, "params": params, "scale": scale}
-    if has_a:
+    if ka is not None:
         given.update(ka=ka, va=va)
-    if has_b:
+    if kb is not None:
         given.update(kb=kb, vb=vb)
     if state is not None:
         given.update(state_o=state[0], state_ml=state[1])
     if pads is not None:
         given.update(pads=pads)
-    names = [n for n in INPUTS if n in given]
-    block_queries = 16 * WARPS
+    names = tuple(n for n in INPUTS if n in given)
     if final:
         shapes, dtypes = [q.shape], [q.dtype]
     else:
         shapes, dtypes = [q.shape, (B, Hq, L, 2)], [mx.float32, mx.float32]
-    return kernel(
+    return _kernel(q.dtype, D, names, final)(
         inputs=[given[n] for n in names],
-        grid=(Hq * 32 * WARPS, -(-L // block_queries), B),
+        grid=(Hq * 32 * WARPS, -(-L // (16 * WARPS)), B),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=shapes,
         output_dtypes=dtypes,
@@ -270,22 +267,15 @@ def block_keys(head_dim):
 
 
 @lru_cache(maxsize=None)
-def _kernel(dtype, head_dim, has_a, has_b, state_in, has_pads, final):
+def _kernel(dtype, head_dim, names, final):
+    """The kernel of a call passing the inputs ``names``; the others are declared as
+    null pointers, which the kernel's constants keep it from reading."""
     T = C_TYPES[str(dtype).split(".")[-1]]
-    present = {"q", "params", "scale"}
-    if has_a:
-        present |= {"ka", "va"}
-    if has_b:
-        present |= {"kb", "vb"}
-    if state_in:
-        present |= {"state_o", "state_ml"}
-    if has_pads:
-        present |= {"pads"}
     outputs = ["out"] if final else ["o_out", "ml_out"]
     absent = "".join(
         f"__device__ {'const ' if n in INPUTS else ''}{_type(n, T)}* const {n} = nullptr;\n"
         for n in (*INPUTS, *OUTPUTS)
-        if n not in present and n not in outputs
+        if n not in names and n not in outputs
     )
     constants = (
         ("D", head_dim),
@@ -302,20 +292,19 @@ def _kernel(dtype, head_dim, has_a, has_b, state_in, has_pads, final):
         + "".join(
             f"constexpr bool {name} = {str(value).lower()};\n"
             for name, value in (
-                ("HAS_A", has_a),
-                ("HAS_B", has_b),
-                ("STATE_IN", state_in),
-                ("HAS_PADS", has_pads),
+                ("HAS_A", "ka" in names),
+                ("HAS_B", "kb" in names),
+                ("STATE_IN", "state_o" in names),
+                ("HAS_PADS", "pads" in names),
                 ("FINAL", final),
             )
         )
         + absent
         + included("common.cuh")
     )
-    names = [n for n in INPUTS if n in present]
     return cuda_kernel(
         "turbo_prefill_attention",
-        names,
+        list(names),
         outputs,
         included("prefill_attention.cu"),
         header=header,
