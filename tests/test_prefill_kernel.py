@@ -12,7 +12,7 @@ the portable path with bfloat16 queries is about 3.5e-3 from it.
 
 import mlx.core as mx
 import pytest
-from helpers import outlier_keys, relative_error
+from helpers import outlier_keys, relative_error, step_inputs
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
@@ -37,7 +37,7 @@ BF16_TOLERANCE = 1.5e-2
 )
 def test_the_dequantizing_launch_is_the_codecs_decode(scheme, D, dtype):
     cache = TurboQuantKVCache(scheme)
-    chunk(cache, 40, 2, 1, D, dtype, seed=1)
+    step_inputs(cache, 40, 2, 1, D, dtype, seed=1)
     codec, stored = cache.codec, cache._stored_slice()
     keys, values = prefill_attention.dequantize(codec, stored[-1][:, :, 5:], dtype)
     want_keys, want_values = codec.decode(tuple(a[:, :, 5:] for a in stored))
@@ -49,15 +49,6 @@ def test_the_dequantizing_launch_is_the_codecs_decode(scheme, D, dtype):
         assert keys is None
 
 
-def chunk(cache, L, H, G, D, dtype, seed):
-    k = outlier_keys((1, H, L, D), seed=seed).astype(dtype)
-    v = mx.random.normal((1, H, L, D), key=mx.random.key(seed + 1)).astype(dtype)
-    q = mx.random.normal((1, H * G, L, D), key=mx.random.key(seed + 2)).astype(dtype)
-    mask = "causal"
-    view, _ = cache.update_and_fetch(k, v)
-    return q, view, mask
-
-
 def compare(
     monkeypatch, cache, history, L, H=2, G=2, D=64, dtype=mx.float16, step=None
 ):
@@ -66,8 +57,8 @@ def compare(
     step = step or max(history, 1)
     for start in range(0, history, step):
         n = min(step, history - start)
-        chunk(cache, n, H, G, D, dtype, seed=start)
-    q, view, mask = chunk(cache, L, H, G, D, dtype, seed=history + 99)
+        step_inputs(cache, n, H, G, D, dtype, seed=start)
+    q, view, mask = step_inputs(cache, L, H, G, D, dtype, seed=history + 99)
     scale = D**-0.5
     monkeypatch.setenv(KERNEL_ENV, "off")
     portable = turbo_scaled_dot_product_attention(
@@ -124,6 +115,19 @@ def test_a_sliding_window_cache_within_its_window(monkeypatch):
     compare(monkeypatch, TurboQuantRotatingKVCache("turbo4", max_size=512), 100, 50)
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The prefill launches' calls, one entry each."""
+    calls = []
+    launch = prefill_attention.prefill_attention
+    monkeypatch.setattr(
+        prefill_attention,
+        "prefill_attention",
+        lambda *a: calls.append(1) or launch(*a),
+    )
+    return calls
+
+
 def outputs_by_chunks(chunk_size, n=144, H=2, G=2, D=64):
     """Each token's attention output over a sequence prefilled in chunks of
     ``chunk_size``."""
@@ -143,23 +147,16 @@ def outputs_by_chunks(chunk_size, n=144, H=2, G=2, D=64):
 
 
 @pytest.mark.usefixtures("cuda_kernels")
-def test_outputs_do_not_depend_on_the_chunking(monkeypatch):
-    calls = []
-    launch = prefill_attention.prefill_attention
-    monkeypatch.setattr(
-        prefill_attention,
-        "prefill_attention",
-        lambda *a: calls.append(1) or launch(*a),
-    )
+def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
     monkeypatch.setenv(KERNEL_ENV, "on")
     by_48, by_80 = outputs_by_chunks(48), outputs_by_chunks(80)
-    assert len(calls) == 3 + 2, "every chunk takes the kernel"
+    assert len(kernel_calls) == 3 + 2, "every chunk takes the kernel"
     # Each row is the same sums in the same order (tiles at absolute positions).
     assert mx.array_equal(by_48, by_80).item()
 
 
 @pytest.mark.usefixtures("cuda_kernels")
-def test_batch_rows_of_different_lengths(monkeypatch):
+def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
     from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
 
     pads, H, G, D = [0, 37], 2, 2, 64
@@ -167,13 +164,6 @@ def test_batch_rows_of_different_lengths(monkeypatch):
         parse_scheme("turbo4"), left_padding=pads, recent_exact=16
     )
     B = len(pads)
-    calls = []
-    launch = prefill_attention.prefill_attention
-    monkeypatch.setattr(
-        prefill_attention,
-        "prefill_attention",
-        lambda *a: calls.append(1) or launch(*a),
-    )
     for n, seed in ((64, 0), (64, 1), (48, 2)):
         k = outlier_keys((B, H, n, D), seed=seed).astype(mx.float16)
         v = mx.random.normal((B, H, n, D), key=mx.random.key(seed + 10))
@@ -184,9 +174,9 @@ def test_batch_rows_of_different_lengths(monkeypatch):
         monkeypatch.setenv(KERNEL_ENV, "off")
         portable = turbo_scaled_dot_product_attention(q, view, D**-0.5, mask)
         monkeypatch.setenv(KERNEL_ENV, "on")
-        calls.clear()
+        kernel_calls.clear()
         fused = turbo_scaled_dot_product_attention(q, view, D**-0.5, mask)
-        assert calls, "a batch cache's own mask takes the kernel"
+        assert kernel_calls, "a batch cache's own mask takes the kernel"
         first = view.shape[2] - n
         for row, pad in enumerate(pads):  # the rows' real queries
             start = max(pad - first, 0)
