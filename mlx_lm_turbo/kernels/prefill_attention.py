@@ -21,9 +21,9 @@ from ..codec.codebooks import codebook
 from .decode_attention import C_TYPES, constants_header
 from .dispatch import cuda_kernel, gpu_backend, included, use_kernel
 
-WARPS = 4  # 16 query rows a warp: 64 queries a block
+WARPS = 4
 # Blocks an SM holds at once: the registers a thread may use are 64K / (threads x
-# blocks) (2: up to 255, none spilled at head dim 128).
+# blocks) (2: up to 255).
 BLOCKS_PER_SM = 2
 # A segment of dequantized history: 128 MiB of keys and values (32K tokens of 8 KV
 # heads of 128 dims in fp16).
@@ -254,7 +254,7 @@ def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
         shapes, dtypes = [q.shape, (B, Hq, L, 2)], [mx.float32, mx.float32]
     return _kernel(q.dtype, D, names, final)(
         inputs=[given[n] for n in names],
-        grid=(Hq * 32 * WARPS, -(-L // (16 * WARPS)), B),
+        grid=(Hq * 32 * WARPS, -(-L // block_queries(D)), B),
         threadgroup=(32 * WARPS, 1, 1),
         output_shapes=shapes,
         output_dtypes=dtypes,
@@ -264,6 +264,22 @@ def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
 def block_keys(head_dim):
     """Keys a tile holds: two tiles (keys and values) in 32 KiB of shared memory."""
     return 32 if head_dim > 128 else 64
+
+
+def m_tiles(head_dim):
+    """16-row m-tiles a warp holds: two up to head dim 128, where the running output
+    of 32 rows fits the registers, so each key and value fragment loaded from shared
+    memory feeds two tensor-core products."""
+    return 1 if head_dim > 128 else 2
+
+
+def block_queries(head_dim):
+    return 16 * m_tiles(head_dim) * WARPS
+
+
+def shared_bytes(head_dim, dtype):
+    """A block's shared memory: a key tile, a value tile and its queries."""
+    return (2 * block_keys(head_dim) + block_queries(head_dim)) * head_dim * dtype.size
 
 
 @lru_cache(maxsize=None)
@@ -280,6 +296,7 @@ def _kernel(dtype, head_dim, names, final):
     constants = (
         ("D", head_dim),
         ("BN", block_keys(head_dim)),
+        ("MT", m_tiles(head_dim)),
         ("WARPS", WARPS),
     )
     header = (
@@ -308,6 +325,7 @@ def _kernel(dtype, head_dim, names, final):
         outputs,
         included("prefill_attention.cu"),
         header=header,
+        shared_memory=shared_bytes(head_dim, dtype),
     )
 
 
