@@ -8,6 +8,8 @@ import sys
 # set before MLX is imported, as MLX reads it once. CPU and Metal ignore it.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
+import subprocess
+
 import mlx.core as mx
 import pytest
 from helpers import ON_CUDA, forget_kernels, relative_error
@@ -32,6 +34,39 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if skip is not None and marker in item.keywords:
                 item.add_marker(skip)
+
+
+# -- the quick loop (pytest -m 'not slow') starts no process -----------------------
+_running = {"slow": True}  # the test whose setup, call or teardown runs now
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running["slow"] = item.get_closest_marker("slow") is not None
+    yield
+    _running["slow"] = True
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self, args, *rest, **options):
+    """A test that starts a process (a command, a server, pip, a compiler) must be
+    marked ``slow``. Not counted: the kernels' g++ builds for the CPU
+    (tests/gpu_on_cpu.py, kept between runs), and ``git``, which the tools run
+    in-process to record the commit (milliseconds, no model loaded)."""
+    import gpu_on_cpu
+
+    program = args if isinstance(args, (str, bytes)) else args[0]
+    allowed = (str(gpu_on_cpu.COMPILER), "git")
+    if not _running["slow"] and str(program) not in allowed:
+        raise AssertionError(
+            f"this test starts {program!r}: mark it @pytest.mark.slow (a subprocess)"
+        )
+    _popen_init(self, args, *rest, **options)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init
 
 
 @pytest.fixture

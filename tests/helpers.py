@@ -242,13 +242,28 @@ def latin_cases(*axes):
 
 
 def filled_cache(cache, T, H, D, dtype, seed=0, chunk=None):
+    """``cache`` after T tokens of keys and values (in chunks of ``chunk``). Without a
+    GPU the tokens are encoded by the portable path: the kernels' CPU build runs each
+    GPU thread as a fiber, where encoding a thousand tokens of eight heads took most of
+    a kernel test's time (test_kernels.py's test_encode_matches_the_codec checks the
+    encode kernel against the portable encoding, to the same arrays; what a test then
+    launches reads them alike whoever wrote them)."""
     keys = outlier_keys((1, H, T, D), seed=seed).astype(dtype)
     values = mx.random.normal((1, H, T, D), key=mx.random.key(seed + 1)).astype(dtype)
     step = chunk or T
-    for start in range(0, T, step):
-        cache.update_and_fetch(
-            keys[:, :, start : start + step], values[:, :, start : start + step]
-        )
+    mode = os.environ.get(KERNEL_ENV)
+    if mx.default_device() != mx.gpu:
+        os.environ[KERNEL_ENV] = "off"
+    try:
+        for start in range(0, T, step):
+            cache.update_and_fetch(
+                keys[:, :, start : start + step], values[:, :, start : start + step]
+            )
+    finally:
+        if mode is None:
+            os.environ.pop(KERNEL_ENV, None)
+        else:
+            os.environ[KERNEL_ENV] = mode
     return cache
 
 

@@ -117,6 +117,7 @@ def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
     dispatch.source.cache_clear()
 
 
+@pytest.mark.slow  # compiler subprocesses
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_cuda_build_compiles():
     compile_kernels = scripts_compile_kernels()
@@ -132,6 +133,7 @@ def test_the_cuda_build_compiles():
             assert run.returncode == 0, run.stderr[-4000:]
 
 
+@pytest.mark.slow  # compiler subprocesses
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 def test_the_metal_build_compiles_as_cpp_against_metals_names():
     # No Metal compiler here: MLX's Metal kernel, written as MLX writes it, checked by a

@@ -1471,6 +1471,7 @@ def test_copies_of_a_cache_decode_apart(monkeypatch):
 
 
 # -- offline (nvcc, no GPU) --------------------------------------------------------
+@pytest.mark.slow  # an nvcc subprocess
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("key_bits", [4, 3])
 def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
