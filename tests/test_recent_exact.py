@@ -34,8 +34,9 @@ from mlx_lm_turbo import (
     make_prompt_cache,
     parse_scheme,
 )
+from mlx_lm_turbo.attach.files import register_cache_classes
 from mlx_lm_turbo.cache.attention import _dequantize, turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import FORMAT_VERSION, register_cache_classes
+from mlx_lm_turbo.cache.cache import FORMAT_VERSION
 
 H, D = 2, 64
 W = 8

@@ -40,7 +40,6 @@ from .common import (
     encode,
     led_by_recent,
     new_codec,
-    route_attention,
 )
 from .view import PendingStep, TurboKV, recent_part
 
@@ -531,7 +530,7 @@ class _TurboCache(CacheCommon):
         self.sinks = None if sink_keys is None else (sink_keys, sink_values)
         self.recent = None if recent_keys is None else (recent_keys, recent_values)
         if self._codec_meta is not None:  # compressed
-            route_attention()
+            check_mlx_lm_version()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
             if arrays and self._format < 3:
                 arrays = self.codec.stored_from_arrays(arrays)
@@ -983,16 +982,3 @@ class TurboQuantRotatingKVCache(_TurboCache):
             meta["keep"],
             meta["idx"],
         )
-
-
-CACHE_CLASSES = (TurboQuantKVCache, TurboQuantRotatingKVCache)
-
-
-def register_cache_classes():
-    """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name in
-    mlx-lm's cache module."""
-    import mlx_lm.models.cache as mlx_cache
-
-    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
-    for cls in CACHE_CLASSES:
-        setattr(mlx_cache, cls.__name__, cls)

@@ -2,10 +2,9 @@
 
 from typing import Optional
 
-from ..cache.attention import install_attention_dispatch
-from ..cache.cache import register_cache_classes
 from ..cache.common import check_integer, check_recent_exact
 from ..codec.schemes import KVScheme, parse_scheme
+from ..compat import check_mlx_lm_version
 from ..errors import UnsupportedModelError, UsageError
 from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
@@ -184,8 +183,7 @@ def make_prompt_cache(
         model_path=model_path,
         layer_schemes=layer_schemes,
     )
-    install_attention_dispatch()
-    register_cache_classes()
+    check_mlx_lm_version()
     return adapter.build(
         caches,
         layers,
