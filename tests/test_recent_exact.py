@@ -36,7 +36,7 @@ from mlx_lm_turbo import (
 )
 from mlx_lm_turbo.attach.files import register_cache_classes
 from mlx_lm_turbo.cache.attention import _dequantize, turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import FORMAT_VERSION
+from mlx_lm_turbo.cache.single import FORMAT_VERSION
 
 H, D = 2, 64
 W = 8

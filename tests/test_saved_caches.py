@@ -22,7 +22,7 @@ from mlx_lm_turbo.attach.files import (
     read,
     register_cache_classes,
 )
-from mlx_lm_turbo.cache.cache import FORMAT_VERSION
+from mlx_lm_turbo.cache.single import FORMAT_VERSION
 from mlx_lm_turbo.errors import CacheFormatError, UsageError
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "turbo-0.1.0"
@@ -170,7 +170,7 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version):
 
 def test_format_1_sliding_window_files_are_refused(tmp_path, monkeypatch):
     # Format-1 sliding-window layers measured their statistics on their first chunk.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.single as cache_module
     from mlx_lm_turbo import TurboQuantRotatingKVCache
 
     register_cache_classes()

@@ -21,11 +21,9 @@ import zlib
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..cache.cache import (
-    TurboQuantKVCache,
-    TurboQuantRotatingKVCache,
-    check_format,
-)
+from ..cache.kv_cache import TurboQuantKVCache
+from ..cache.rotating_cache import TurboQuantRotatingKVCache
+from ..cache.single import check_format
 from ..codec.packing import packed_words
 from ..codec.rotation import SIGNS
 from ..codec.schemes import parse_scheme

@@ -11,6 +11,12 @@ from ..compat import check_mlx_lm_version
 from ..kernels.encode import fused_encode
 from .view import TurboKV
 
+# Every later query attends to a sequence's first tokens (attention sinks), so their
+# quantization error reaches every step: this many are kept exact, read exactly by
+# every query that sees them, and the key statistics are measured on them, so they never
+# depend on how the prompt was chunked or on what a prompt cache reused.
+SINK_TOKENS = 16
+
 
 def held(value):
     """``value`` as it is now, kept from in-place updates of its arrays (MLX's
