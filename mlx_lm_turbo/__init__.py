@@ -1,7 +1,7 @@
 """TurboQuant KV-cache compression for mlx-lm.
 
 Layers, lowest first (a module imports only from its own layer or lower ones):
-``errors``, ``compat``, ``settings``; ``codec/`` (schemes, codebooks, rotation, bit
+``errors``, ``compat``, ``defaults``, ``settings``; ``codec/`` (schemes, codebooks, rotation, bit
 packing, the codec); ``kernels/`` (fused CUDA kernels beside their portable
 references); ``cache/`` (the caches, ``TurboKV`` and attention); ``plugin/`` (the
 plugin API, adapters, overrides, ``make_prompt_cache``); ``attach/`` (what the

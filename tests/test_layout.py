@@ -8,6 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlx_lm_turbo"
 LAYERS = [
     "errors",
     "compat",
+    "defaults",
     "settings",
     "codec",
     "kernels",

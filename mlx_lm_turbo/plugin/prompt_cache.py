@@ -5,8 +5,8 @@ from typing import Optional
 from ..cache.common import check_integer, check_recent_exact
 from ..codec.schemes import KVScheme, parse_scheme
 from ..compat import check_mlx_lm_version
+from ..defaults import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from ..errors import UnsupportedModelError, UsageError
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
 from .manager import adapter_for
 from .registry import registry

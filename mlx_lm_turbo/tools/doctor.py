@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..defaults import DEFAULT_BOUNDARY_SKIP
 
 
 def _autoload_status():
