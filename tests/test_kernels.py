@@ -860,8 +860,8 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
                 assert a is b or (a.shape == b.shape and mx.array_equal(a, b).item()), (
                     name
                 )
-            code = dict(again["constants"])["CODE"]
-            flag_bits = code >> 13  # decode_call.flags(): tail 16, tokens 32, logits 64
+            # decode_call.flags(): tail 16, tokens 32, logits 64
+            flag_bits = dict(again["constants"])["FLAGS"]
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
             assert bool(flag_bits & 64) == (sinks is not None)
@@ -924,7 +924,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
         ("kscale", view.codec.key_scale),
     ):
         assert mx.array_equal(inputs[at[name]], statistic).item(), name
-    flag_bits = dict(arguments["constants"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["FLAGS"]
     assert flag_bits & 128 and flag_bits & 256 and flag_bits & 8  # raw, mean, scale
     assert arguments["output_shapes"][1] == (1, 2, 1, view.codec.row_words)
     assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
@@ -971,7 +971,7 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     assert len(inputs) == len(names)
     assert inputs[at["recent"]] is view.recent
     assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
-    flag_bits = dict(arguments["constants"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["FLAGS"]
     assert flag_bits & 1024 and flag_bits & 128 and flag_bits & 16  # recent, raw, tail
     assert dict(arguments["constants"])["WINDOW"] == 8
     # one output besides the attention's: the tail one token on, led by the new row
