@@ -427,6 +427,7 @@ def check(file_name, with_model=False):
     names (mlx_lm.cache_prompt's "model"; a hub id is not fetched)."""
     import mlx_lm.models.cache as mlx_cache  # where mlx-lm's loader looks cache classes up
 
+    register_cache_classes()
     metadata, classes, states = read(file_name)
     unknown = sorted(
         {
@@ -610,7 +611,6 @@ def load_prompt_cache(original, file_name, *args, **kwargs):
     a file name it too."""
     from .. import settings
 
-    register_cache_classes()
     check(file_name, with_model=True)
     try:
         loaded = original(file_name, *args, **kwargs)
