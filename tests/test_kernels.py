@@ -1481,9 +1481,9 @@ def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
         (dtype, kind, template)
         for dtype, kind, template in compile_kernels.attention_variants()
         if dtype == "float16"
-        and dict(template)["SHAPE"] & 1023 == 64
-        and dict(template)["SHAPE"] >> 22 == 16
-        and dict(template)["CODE"] & 15 == key_bits
+        and dict(template)["D"] == 64
+        and dict(template)["R"] == 16
+        and dict(template)["KB"] == key_bits
     )
     unit = compile_kernels.attention_unit(*variant)
     with tempfile.TemporaryDirectory() as tmp:
