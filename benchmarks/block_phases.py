@@ -71,7 +71,7 @@ def measure(grids, cache_name, context, q_heads, kv_heads, head_dim, steps):
     import mlx.core as mx
 
     from mlx_lm_turbo import TurboQuantKVCache
-    from mlx_lm_turbo.cache.attention import install_attention_dispatch
+    from mlx_lm_turbo.attach.attention import install_attention_dispatch
     from mlx_lm_turbo.kernels import decode_attention
 
     install_attention_dispatch()

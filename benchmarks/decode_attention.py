@@ -44,7 +44,7 @@ from mlx_lm.models.cache import KVCache
 
 import mlx_lm_turbo.cache.attention as attention
 from mlx_lm_turbo import TurboQuantKVCache
-from mlx_lm_turbo.cache.attention import install_attention_dispatch
+from mlx_lm_turbo.attach.attention import install_attention_dispatch
 from mlx_lm_turbo.codec.schemes import parse_scheme
 from mlx_lm_turbo.kernels import KERNEL_ENV, decode_attention
 from mlx_lm_turbo.tools.bench import add_recent_exact_argument

@@ -1,7 +1,7 @@
 """TurboQuant KV-cache compression for mlx-lm.
 
 Layers, lowest first (a module imports only from its own layer or lower ones):
-``errors``, ``compat``, ``settings``; ``codec/`` (schemes, codebooks, rotation, bit
+``errors``, ``compat``, ``defaults``, ``settings``; ``codec/`` (schemes, codebooks, rotation, bit
 packing, the codec); ``kernels/`` (fused CUDA kernels beside their portable
 references); ``cache/`` (the caches, ``TurboKV`` and attention); ``plugin/`` (the
 plugin API, adapters, overrides, ``make_prompt_cache``); ``attach/`` (what the
@@ -18,8 +18,8 @@ _EXPORTS = {
     "KVScheme": ".codec.schemes",
     "parse_scheme": ".codec.schemes",
     "TurboKV": ".cache.view",
-    "TurboQuantKVCache": ".cache.cache",
-    "TurboQuantRotatingKVCache": ".cache.cache",
+    "TurboQuantKVCache": ".cache.kv_cache",
+    "TurboQuantRotatingKVCache": ".cache.rotating_cache",
     "make_prompt_cache": ".plugin.prompt_cache",
     "plan": ".plugin.prompt_cache",
     "UnsupportedModelError": ".errors",

@@ -1,4 +1,5 @@
-"""What the current mlx-lm command asked of the plugin (process-wide).
+"""What the current mlx-lm command asked of the plugin (process-wide state; the
+defaults are ``defaults.py``).
 
 mlx-lm passes no extra keyword arguments through ``generate()`` and friends, so
 the parsed ``--kv-scheme`` options travel here rather than through calls.
@@ -7,19 +8,12 @@ the parsed ``--kv-scheme`` options travel here rather than through calls.
 from dataclasses import dataclass
 from typing import Optional
 
-# The defaults users get: a window of exact recent tokens lowers KL more, for fewer
-# bits, than 8-bit boundary layers do, and boundary layers add nothing once the window
-# is there.
-# First and last attention layers kept at 8 bits unless told otherwise.
-DEFAULT_BOUNDARY_SKIP = 0
-# Keys each query reads exactly besides the sink tokens: itself and the
-# DEFAULT_RECENT_EXACT - 1 tokens before it (the caches keep exact copies of those).
-# Such caches cannot be trimmed, so commands that decode speculatively (--draft-model)
-# read only the query itself exactly unless told otherwise.
-DEFAULT_RECENT_EXACT = 16
-SPECULATIVE_RECENT_EXACT = 1
-# Without the window (speculative decoding) the boundary layers pay for their bits.
-SPECULATIVE_BOUNDARY_SKIP = 2
+from .defaults import (
+    DEFAULT_BOUNDARY_SKIP,
+    DEFAULT_RECENT_EXACT,
+    SPECULATIVE_BOUNDARY_SKIP,
+    SPECULATIVE_RECENT_EXACT,
+)
 
 
 @dataclass(frozen=True)

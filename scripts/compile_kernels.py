@@ -122,7 +122,7 @@ def attention_unit(dtype, kind, template):
 
     _, outputs, no_outputs = decode_attention.KERNELS[kind]
     values = dict(template)
-    names = decode_attention.call_inputs(values["CODE"] & 15, values["CODE"] >> 13)
+    names = decode_attention.call_inputs(values["KB"], values["FLAGS"])
     types = {
         "q": dtype,
         "keys": dtype,

@@ -318,7 +318,7 @@ def test_one_pass_decode_equals_the_rule_spelled_out(
 
 @pytest.mark.parametrize("L", [1, 9])
 def test_blockwise_batch_rows_with_left_padding_and_sink_tokens(small_blocks, L):
-    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+    from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
     from mlx_lm_turbo.codec.schemes import parse_scheme
 
     lengths = [70, 3, 41]  # one row with fewer real tokens than sink slots

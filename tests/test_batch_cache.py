@@ -8,7 +8,7 @@ from helpers import count_merges, relative_error, right_padded, sequences
 
 from mlx_lm_turbo import TurboQuantKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
 
 H, D, HQ = 2, 64, 4
 LENGTHS = [50, 7, 41]  # one row shorter than the sink tokens
@@ -180,7 +180,7 @@ def rotating_single(k, v, q, n, scheme, max_size, decode):
 @pytest.mark.parametrize("scheme", ["turbo4", "turbo0v4"])
 def test_rotating_batch_equals_single_sequences(scheme):
     from mlx_lm_turbo import TurboQuantRotatingKVCache
-    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchRotatingKVCache
+    from mlx_lm_turbo.cache.rotating_cache import TurboQuantBatchRotatingKVCache
 
     max_size, decode = 16, 12  # every window wraps during decode
     seqs = sequences([20, 7, 13], decode)
@@ -353,7 +353,7 @@ def test_batch_generate_with_max_kv_size(tiny_model, monkeypatch):
 
     import mlx_lm_turbo.settings as settings
     from mlx_lm_turbo import parse_scheme
-    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchRotatingKVCache
+    from mlx_lm_turbo.cache.rotating_cache import TurboQuantBatchRotatingKVCache
 
     model, tokenizer = load(str(tiny_model("qwen3")))
     monkeypatch.setattr(

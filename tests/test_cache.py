@@ -12,8 +12,8 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_lm_turbo import TurboKV, TurboQuantKVCache, TurboQuantRotatingKVCache
+from mlx_lm_turbo.attach.files import register_cache_classes
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import register_cache_classes
 
 
 def kv(T, H=2, D=128, seed=0, dtype=mx.float16):

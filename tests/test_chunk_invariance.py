@@ -24,8 +24,8 @@ from mlx_lm.generate import batch_generate
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
 from mlx_lm_turbo import TurboQuantRotatingKVCache, make_prompt_cache
+from mlx_lm_turbo.attach.files import register_cache_classes
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import register_cache_classes
 
 # Sliding-window models (tests/tiny_models.py: windows of 16 tokens, so PROMPT wraps
 # them), in float32: gemma4_text's bfloat16 rounds too coarsely to compare (its

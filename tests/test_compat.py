@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import mlx_lm_turbo.cache.attention as attention
-import mlx_lm_turbo.cache.cache as cache_module
 import mlx_lm_turbo.compat as compat
 from mlx_lm_turbo.attach import attach
+from mlx_lm_turbo.attach.attention import install_attention_dispatch
+from mlx_lm_turbo.attach.files import register_cache_classes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,9 +110,9 @@ def test_the_python_api_refuses_outside_the_range(monkeypatch):
         RuntimeError,
         match=r"tested with mlx-lm >=0.32.2,<0.33, but mlx-lm 0.33.0 is installed",
     ):
-        attention.install_attention_dispatch()
+        install_attention_dispatch()
     with pytest.raises(RuntimeError, match="0.33.0"):
-        cache_module.register_cache_classes()
+        register_cache_classes()
 
 
 def test_wrappers_pass_every_argument_through(tmp_path):

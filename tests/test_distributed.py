@@ -304,7 +304,7 @@ def test_two_local_processes_match_one_process(
 def test_a_pipeline_stage_can_tie_its_send_to_the_last_cache_keys(uncompressed_start):
     """mlx-lm's pipelined models run ``cache[-1].keys = mx.depends(cache[-1].keys, h)``
     on every rank but rank 0; the cache must take it and read as before."""
-    from mlx_lm_turbo.cache.cache import TurboQuantKVCache
+    from mlx_lm_turbo.cache.kv_cache import TurboQuantKVCache
 
     cache = TurboQuantKVCache("turbo4", uncompressed_start=uncompressed_start)
     keys, values = (
@@ -325,7 +325,7 @@ def test_a_heads_codes_do_not_depend_on_the_heads_sharing_its_cache(scheme):
     """A tensor rank's cache holds some of a layer's KV heads: the rotation (seeded by
     layer and head dim), the key statistics and the sink tokens are per head, so each
     head stores the same codes as in the one-process cache holding every head."""
-    from mlx_lm_turbo.cache.cache import TurboQuantKVCache
+    from mlx_lm_turbo.cache.kv_cache import TurboQuantKVCache
 
     keys, values = (
         mx.random.normal((1, 3, 40, 64), key=mx.random.key(i)) + 0.5 * i for i in (1, 2)

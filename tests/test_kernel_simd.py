@@ -166,7 +166,7 @@ def test_calls_they_do_not_cover_go_to_the_portable_path():
 
 
 def test_a_token_not_encoded_yet_is_left_to_its_cache(monkeypatch):
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: True)
     cache = filled_cache(TurboQuantKVCache("turbo4"), 40, 2, 64, mx.float32)
@@ -381,7 +381,7 @@ def test_the_run_time_check_refuses_a_kernel_that_fails_or_differs(monkeypatch):
 def test_the_run_time_check_encodes_a_token_left_for_the_fast_kernel(monkeypatch):
     # As on MLX-CUDA, whose caches leave a decode token to the fast kernel to encode;
     # the stand-in declines such a view, as the simple kernel does.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
     from mlx_lm_turbo.cache import kernel_check
 
     def stand_in(queries, view, scale, mask, sinks, backend):

@@ -860,8 +860,8 @@ def test_calls_with_a_built_plan_pass_what_a_first_call_passes(monkeypatch):
                 assert a is b or (a.shape == b.shape and mx.array_equal(a, b).item()), (
                     name
                 )
-            code = dict(again["constants"])["CODE"]
-            flag_bits = code >> 13  # decode_call.flags(): tail 16, tokens 32, logits 64
+            # decode_call.flags(): tail 16, tokens 32, logits 64
+            flag_bits = dict(again["constants"])["FLAGS"]
             assert bool(flag_bits & 16) == (view.new_keys is not None)
             assert bool(flag_bits & 32) == (view.sinks is not None)
             assert bool(flag_bits & 64) == (sinks is not None)
@@ -885,7 +885,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
     # Runs anywhere (the kernel a recording stand-in): what a decode step's one launch
     # is handed: the token as the model gave it, the key mean and scale, the flags that
     # say so, and an output for its row.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
@@ -924,7 +924,7 @@ def test_a_launch_that_encodes_the_token_gets_it_raw_with_the_key_statistics(
         ("kscale", view.codec.key_scale),
     ):
         assert mx.array_equal(inputs[at[name]], statistic).item(), name
-    flag_bits = dict(arguments["constants"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["FLAGS"]
     assert flag_bits & 128 and flag_bits & 256 and flag_bits & 8  # raw, mean, scale
     assert arguments["output_shapes"][1] == (1, 2, 1, view.codec.row_words)
     assert rows.shape == (1, 2, 1, view.codec.row_words) and out.shape == q.shape
@@ -934,7 +934,7 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     # Runs anywhere (the kernel a recording stand-in): with a window of exact recent
     # tokens the decode step's one launch takes the rows of the tokens before its own
     # (attention domain, then as the model gave them) and writes them one token on.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
     import mlx_lm_turbo.kernels.dispatch as dispatch
 
@@ -971,7 +971,7 @@ def test_a_launch_with_a_window_reads_the_recent_rows_and_hands_them_back(monkey
     assert len(inputs) == len(names)
     assert inputs[at["recent"]] is view.recent
     assert inputs[at["tail_keys"]] is view.new_keys  # as the model gave it
-    flag_bits = dict(arguments["constants"])["CODE"] >> 13
+    flag_bits = dict(arguments["constants"])["FLAGS"]
     assert flag_bits & 1024 and flag_bits & 128 and flag_bits & 16  # recent, raw, tail
     assert dict(arguments["constants"])["WINDOW"] == 8
     # one output besides the attention's: the tail one token on, led by the new row
@@ -1068,7 +1068,7 @@ def launch_anywhere(monkeypatch):
     """Caches defer their decode tokens and attention takes them to an emulated launch;
     everything else on the portable path (so on a GPU too both sides compute alike)."""
     import mlx_lm_turbo.cache.attention as attention
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     monkeypatch.setenv(KERNEL_ENV, "off")
     calls = []
@@ -1093,7 +1093,7 @@ def test_a_decode_token_encoded_by_its_launch_leaves_what_a_plain_update_leaves(
 ):
     # With a window (recent_exact > 1) the launch also reads the recent tokens from
     # the rows the cache hands it, and hands them back one token on.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     deferred, plain = (
         small_cache(key_calibration=calibration, recent_exact=recent_exact)
@@ -1209,7 +1209,7 @@ def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
     # Slots handed out (a state, a trim's earlier ones, a copy of the cache, ``keys``)
     # may sit in arrays others keep: those rows go through an update op. Growing into
     # new buffers makes every slot private again.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     deferred = TurboQuantKVCache("turbo4")
     deferred.step = 8  # grow often
@@ -1251,7 +1251,7 @@ def test_a_launch_writes_its_row_in_place_only_where_no_one_else_holds_the_slot(
 def test_a_waiting_token_is_encoded_before_anything_else_reads_the_cache(
     monkeypatch, launch_anywhere, recent_exact
 ):
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     deferred = small_cache("turbo3", recent_exact=recent_exact)
     k, v = (mx.random.normal((1, 2, 1, 64), key=mx.random.key(i)) for i in (1, 2))
@@ -1276,7 +1276,7 @@ def test_a_cache_joins_a_batch_with_its_waiting_token_encoded(
     # mlx-lm's batch generator merges single caches into batch caches: a decode token
     # left for its launch is encoded first, so the batch's rows and its recent copies
     # hold it as a plain update's would.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     def waiting(defers):
         monkeypatch.setattr(cache_module, "raw_tail_support", lambda codec: defers)
@@ -1298,7 +1298,7 @@ def test_a_launch_that_declines_leaves_the_token_to_the_cache(
     monkeypatch, launch_anywhere, recent_exact
 ):
     import mlx_lm_turbo.cache.attention as attention
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     declined = []
     monkeypatch.setattr(
@@ -1378,7 +1378,7 @@ def test_a_decode_token_encoded_in_the_launch_matches_the_encode_kernel(
 
 @pytest.mark.usefixtures("cuda_kernels")
 def test_decode_steps_with_the_encoding_in_the_launch_match_two_launches(monkeypatch):
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     monkeypatch.setenv(KERNEL_ENV, "auto")
     # 766 tokens: the steps write rows in place into slots 766 and 767, then the
@@ -1418,7 +1418,7 @@ def test_decode_steps_with_a_window_in_one_launch_match_the_plain_update(
     # copies come from the encode kernel: the same arithmetic in another order, so the
     # outputs agree to the kernels' tolerance against each other (2e-3 relative, as
     # against the portable path), the stored bits exactly.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     monkeypatch.setenv(KERNEL_ENV, "auto")
 
@@ -1446,7 +1446,7 @@ def test_copies_of_a_cache_decode_apart(monkeypatch):
     # mlx-lm's prompt caches deep-copy caches, and a copy shares the stored buffers
     # (MLX arrays copy by reference): rows written in place by one must not reach
     # the other. Both decode different tokens, each as a cache of its own would.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.kv_cache as cache_module
 
     monkeypatch.setenv(KERNEL_ENV, "auto")
     cache = filled_cache(TurboQuantKVCache("turbo4"), 300, 2, 128, mx.float16)
@@ -1482,9 +1482,9 @@ def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
         (dtype, kind, template)
         for dtype, kind, template in compile_kernels.attention_variants()
         if dtype == "float16"
-        and dict(template)["SHAPE"] & 1023 == 64
-        and dict(template)["SHAPE"] >> 22 == 16
-        and dict(template)["CODE"] & 15 == key_bits
+        and dict(template)["D"] == 64
+        and dict(template)["R"] == 16
+        and dict(template)["KB"] == key_bits
     )
     unit = compile_kernels.attention_unit(*variant)
     with tempfile.TemporaryDirectory() as tmp:

@@ -157,7 +157,7 @@ def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
 
 @pytest.mark.usefixtures("cuda_kernels")
 def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
-    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+    from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
 
     pads, H, G, D = [0, 37], 2, 2, 64
     cache = TurboQuantBatchKVCache(

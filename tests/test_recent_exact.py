@@ -27,6 +27,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+import mlx_lm_turbo.defaults as defaults
 import mlx_lm_turbo.settings as settings
 from mlx_lm_turbo import (
     TurboQuantKVCache,
@@ -34,8 +35,9 @@ from mlx_lm_turbo import (
     make_prompt_cache,
     parse_scheme,
 )
+from mlx_lm_turbo.attach.files import register_cache_classes
 from mlx_lm_turbo.cache.attention import _dequantize, turbo_scaled_dot_product_attention
-from mlx_lm_turbo.cache.cache import FORMAT_VERSION, register_cache_classes
+from mlx_lm_turbo.cache.single import FORMAT_VERSION
 
 H, D = 2, 64
 W = 8
@@ -239,8 +241,8 @@ def test_caches_made_while_decoding_speculatively_take_no_window(monkeypatch):
     typed = settings.Settings(parse_scheme("turbo4"), boundary_skip=1, recent_exact=8)
     monkeypatch.setattr(settings, "speculative", False)
     assert default.cache_options() == {
-        "boundary_skip": settings.DEFAULT_BOUNDARY_SKIP,
-        "recent_exact": settings.DEFAULT_RECENT_EXACT,
+        "boundary_skip": defaults.DEFAULT_BOUNDARY_SKIP,
+        "recent_exact": defaults.DEFAULT_RECENT_EXACT,
     }
     monkeypatch.setattr(settings, "speculative", True)
     assert default.cache_options() == {"boundary_skip": 2, "recent_exact": 1}

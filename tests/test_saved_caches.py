@@ -16,8 +16,13 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 import mlx_lm_turbo.codec.rotation as rotation
 from mlx_lm_turbo import make_prompt_cache
-from mlx_lm_turbo.attach.files import PREVIOUS_CHECKSUM_KEY, previous_checksum, read
-from mlx_lm_turbo.cache.cache import FORMAT_VERSION
+from mlx_lm_turbo.attach.files import (
+    PREVIOUS_CHECKSUM_KEY,
+    previous_checksum,
+    read,
+    register_cache_classes,
+)
+from mlx_lm_turbo.cache.single import FORMAT_VERSION
 from mlx_lm_turbo.errors import CacheFormatError, UsageError
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "turbo-0.1.0"
@@ -140,10 +145,9 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version):
     # Format 3 joined each layer's four arrays into rows; format 2 changed only the
     # sliding-window rule, so a format-1 full-attention file is format 2's. A file saved
     # by the format-2 code (fixture) must continue exactly as a cache fed every token.
-    import mlx_lm_turbo.cache.cache as cache_module
     from mlx_lm_turbo import TurboQuantKVCache
 
-    cache_module.register_cache_classes()
+    register_cache_classes()
     path = with_meta_changed(
         SAVED_FORMAT_2 / "cache.safetensors",
         tmp_path / "saved.safetensors",
@@ -166,10 +170,10 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version):
 
 def test_format_1_sliding_window_files_are_refused(tmp_path, monkeypatch):
     # Format-1 sliding-window layers measured their statistics on their first chunk.
-    import mlx_lm_turbo.cache.cache as cache_module
+    import mlx_lm_turbo.cache.single as cache_module
     from mlx_lm_turbo import TurboQuantRotatingKVCache
 
-    cache_module.register_cache_classes()
+    register_cache_classes()
     k1, k2 = mx.random.split(mx.random.key(0))
     keys = mx.random.normal((1, 2, 40, 64), key=k1).astype(mx.float16)
     values = mx.random.normal((1, 2, 40, 64), key=k2).astype(mx.float16)
@@ -187,10 +191,9 @@ def test_format_3_files_continue_exactly_with_their_own_window(tmp_path):
     # Format 4 added the recent tokens' copies after the sink arrays: a format-3 file
     # (written here in format 3's layout) continues as a cache that reads only each
     # query itself exactly besides the sink tokens, as it was saved.
-    import mlx_lm_turbo.cache.cache as cache_module
     from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 
-    cache_module.register_cache_classes()
+    register_cache_classes()
     inputs = mx.load(str(SAVED_FORMAT_2 / "inputs.safetensors"))
     keys, values = inputs["keys"], inputs["values"]
     made = [TurboQuantKVCache("turbo4"), TurboQuantRotatingKVCache("turbo4", 64)]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # subprocesses: the quick loop is pytest -m 'not 
 def test_batch_generate_with_turbo_caches_matches_one_at_a_time(
     tiny_model, monkeypatch
 ):
-    from mlx_lm_turbo.cache.batch_cache import TurboQuantBatchKVCache
+    from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
 
     model, tokenizer = load(str(tiny_model("llama")))
     monkeypatch.setattr(

@@ -5,6 +5,8 @@
   cache classes before reading it (``save_prompt_cache`` adds the checksum it
   checks). The commands import these names from there, so they all get them;
   with no scheme active ``make_prompt_cache`` is mlx-lm's own, called unchanged.
+  mlx-lm's attention (``mlx_lm.models.base``, loaded by then) routes ``TurboKV``
+  keys to the turbo path (``attention.py``), whatever builds the caches.
 - the command modules: wrap ``main`` so their parser gains ``--kv-scheme`` etc.
 - ``mlx_lm.perplexity``: evaluate through the compressed cache when a scheme is active.
 
@@ -22,6 +24,7 @@ import weakref
 
 from .. import compat, settings
 from ..errors import UsageError
+from .attention import install_attention_dispatch
 
 COMMANDS = (
     "generate",
@@ -264,6 +267,7 @@ def attach(module):
     name = module.__name__
     if name == "mlx_lm.models.cache":
         hint_for_python_m()
+        install_attention_dispatch()
         module.make_prompt_cache = make_prompt_cache_with_plugin(
             module.make_prompt_cache
         )

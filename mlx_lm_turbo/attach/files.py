@@ -21,10 +21,13 @@ import zlib
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..cache.cache import check_format
+from ..cache.kv_cache import TurboQuantKVCache
+from ..cache.rotating_cache import TurboQuantRotatingKVCache
+from ..cache.single import check_format
 from ..codec.packing import packed_words
 from ..codec.rotation import SIGNS
 from ..codec.schemes import parse_scheme
+from ..compat import check_mlx_lm_version
 from ..errors import PromptCacheFileError, UsageError
 
 TURBO_CLASSES = ("TurboQuantKVCache", "TurboQuantRotatingKVCache")
@@ -424,6 +427,7 @@ def check(file_name, with_model=False):
     names (mlx_lm.cache_prompt's "model"; a hub id is not fetched)."""
     import mlx_lm.models.cache as mlx_cache  # where mlx-lm's loader looks cache classes up
 
+    register_cache_classes()
     metadata, classes, states = read(file_name)
     unknown = sorted(
         {
@@ -592,13 +596,21 @@ def note_scheme_mismatch(file_name, cache, requested):
     )
 
 
+def register_cache_classes():
+    """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name in
+    mlx-lm's cache module."""
+    import mlx_lm.models.cache as mlx_cache
+
+    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
+    for cls in (TurboQuantKVCache, TurboQuantRotatingKVCache):
+        setattr(mlx_cache, cls.__name__, cls)
+
+
 def load_prompt_cache(original, file_name, *args, **kwargs):
     """mlx-lm's ``load_prompt_cache`` after the file is checked; mlx-lm's own failures on
     a file name it too."""
     from .. import settings
-    from ..cache.cache import register_cache_classes
 
-    register_cache_classes()
     check(file_name, with_model=True)
     try:
         loaded = original(file_name, *args, **kwargs)

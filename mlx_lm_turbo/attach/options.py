@@ -11,7 +11,7 @@ import os
 import sys
 from contextlib import contextmanager
 
-from .. import settings
+from .. import defaults, settings
 from ..codec.schemes import parse_scheme
 
 ENV_SCHEME = "MLX_LM_TURBO_KV_SCHEME"
@@ -32,7 +32,7 @@ def add_options(parser):
         type=int,
         metavar="N",
         help="keep the first and last N attention layers at 8 bits (default: "
-        f"{settings.DEFAULT_BOUNDARY_SKIP}; {settings.SPECULATIVE_BOUNDARY_SKIP} with a draft model)",
+        f"{defaults.DEFAULT_BOUNDARY_SKIP}; {defaults.SPECULATIVE_BOUNDARY_SKIP} with a draft model)",
     )
     group.add_argument(
         "--turbo-uncompressed-start",
@@ -47,7 +47,7 @@ def add_options(parser):
         help="each query reads itself and the W - 1 tokens before it exactly, besides "
         "the first tokens (exact copies of the last W - 1 tokens are kept; such caches "
         "cannot be trimmed, so not above 1 with --draft-model) (default: "
-        f"{settings.DEFAULT_RECENT_EXACT}; {settings.SPECULATIVE_RECENT_EXACT} with a draft model)",
+        f"{defaults.DEFAULT_RECENT_EXACT}; {defaults.SPECULATIVE_RECENT_EXACT} with a draft model)",
     )
 
 

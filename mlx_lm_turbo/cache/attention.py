@@ -13,14 +13,11 @@ sink tokens, and the exact tail within the query's window; every other key is
 read from the compressed store.
 """
 
-import importlib
-import sys
 from typing import Optional, Union
 
 import mlx.core as mx
 
 from ..codec.codec import dequantize_rotated, split_rows
-from ..compat import check_mlx_lm_version
 from ..kernels import (
     fused_decode_and_encode,
     fused_decode_attention,
@@ -580,41 +577,3 @@ def _mask_at(mask, positions, n_kv_heads):
     if heads == 1:
         return picked[:, :, None]
     return picked.reshape(rows, n_kv_heads, heads // n_kv_heads, *picked.shape[2:])
-
-
-# -- routing mlx-lm's attention here ------------------------------------------
-# mlx-lm's model modules bind ``scaled_dot_product_attention`` from
-# ``mlx_lm.models.base`` by name when they are imported, so the dispatch is set on
-# ``base`` (for modules imported later) and on every model module already loaded.
-# It only acts on ``TurboKV`` keys; everything else goes to the original.
-
-
-def _make_dispatch(original):
-    def scaled_dot_product_attention(
-        queries, keys, values, cache, scale, mask, sinks=None
-    ):
-        if isinstance(keys, TurboKV):
-            return turbo_scaled_dot_product_attention(queries, keys, scale, mask, sinks)
-        return original(
-            queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks
-        )
-
-    scaled_dot_product_attention.turbo_original = original
-    return scaled_dot_product_attention
-
-
-def install_attention_dispatch():
-    """Idempotently route attention over turbo caches to the rotated-domain path."""
-    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
-    base = importlib.import_module("mlx_lm.models.base")
-    original = base.scaled_dot_product_attention
-    if hasattr(original, "turbo_original"):
-        return
-    dispatch = _make_dispatch(original)
-    base.scaled_dot_product_attention = dispatch
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "scaled_dot_product_attention", None) is original
-        ):
-            module.scaled_dot_product_attention = dispatch

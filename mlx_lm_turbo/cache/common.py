@@ -7,16 +7,15 @@ import copy
 import mlx.core as mx
 
 from ..codec.codec import TurboCodec, query_energy
+from ..compat import check_mlx_lm_version
 from ..kernels.encode import fused_encode
 from .view import TurboKV
 
-
-def route_attention():
-    # Whatever built a cache (make_prompt_cache, a loaded file, user code), mlx-lm's
-    # attention must route TurboKV to the turbo path before it is used.
-    from .attention import install_attention_dispatch
-
-    install_attention_dispatch()
+# Every later query attends to a sequence's first tokens (attention sinks), so their
+# quantization error reaches every step: this many are kept exact, read exactly by
+# every query that sees them, and the key statistics are measured on them, so they never
+# depend on how the prompt was chunked or on what a prompt cache reused.
+SINK_TOKENS = 16
 
 
 def held(value):
@@ -87,8 +86,9 @@ class QueryCalibration:
 
 def new_codec(cache, keys, values):
     """A codec for ``cache``'s scheme, seed, layer and key calibration, sized by these keys
-    and values; mlx-lm's attention is routed here first (route_attention)."""
-    route_attention()
+    and values (never for an mlx-lm outside the tested range, whose attention the plugin
+    does not route)."""
+    check_mlx_lm_version()
     return TurboCodec.for_keys(
         cache.scheme,
         keys,

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from ..kernels.decode_attention_simd import simd_decode_attention
 from .attention import blockwise_attention
-from .cache import TurboQuantKVCache
+from .kv_cache import TurboQuantKVCache
 
 # Relative to the portable path's output: the kernels' GPU tests hold 2e-3 (both paths
 # accumulate in float32 and differ only in summation order).

@@ -5,9 +5,10 @@
 // the value rotation and writes them: one launch a layer. Each token's codes and
 // norms come in one row (codec.join_rows): KW words of key codes (none where the
 // keys come as they are, in `keys`), VW of value codes, one of both fp16 norms.
-// The header's constants: T (query dtype), MT (mask dtype), SHAPE (D, G, L, R), CODE
-// (KB, VB, NW, FLAGS: decode_attention.py's flags()) and WINDOW (TurboKV.window, 0 for
-// none), a variant's template values; MAX_SINKS, STAGE_BUFFERS, MERGE_CHUNK and
+// The header's constants: T (query dtype), MT (mask dtype), D (head dim), G (query heads
+// per KV head), L (queries), R (query rows a block), KB and VB (key and value bits), NW
+// (warps), FLAGS (decode_call.flags()) and WINDOW (TurboKV.window, 0 for none), a
+// variant's template values; MAX_SINKS, STAGE_BUFFERS, MERGE_CHUNK and
 // VALUE_MMA_MAX_DIM.
 // `consts` holds the key signs (D), value
 // signs (D), key levels (2^KB where KB > 0), value levels (2^VB), the softmax scale,
@@ -30,10 +31,6 @@
 // token's packed row first (instead of into `new_rows`: one output fewer), its 4D values
 // last; the cache keeps it for the next step.
 using namespace turbo;
-constexpr int D = SHAPE & 1023, G = (SHAPE >> 10) & 255, L = (SHAPE >> 18) & 15;
-constexpr int R = SHAPE >> 22;
-constexpr int KB = CODE & 15, VB = (CODE >> 4) & 15, NW = (CODE >> 8) & 31;
-constexpr int FLAGS = CODE >> 13;
 constexpr int MASK_KIND = FLAGS & 3;  // 0 none, 1 causal, 2 an array
 constexpr bool MASK_BOOL = FLAGS & 4, HAS_KSCALE = FLAGS & 8, HAS_TAIL = FLAGS & 16;
 constexpr bool HAS_SINK_TOKENS = FLAGS & 32, HAS_SINKS = FLAGS & 64;  // HAS_SINKS: logits

@@ -276,9 +276,7 @@ def dynamic_shared(warps, values):
     48,000 bytes, so a smaller layout asks for 48,004 (turbo4 takes 50,180); with the
     static arrays (about 6 KiB) 4 blocks of 4 warps still fit an SM's 228 KiB."""
     values = dict(values)
-    shape, code = values["SHAPE"], values["CODE"]
-    D, R = shape & 1023, shape >> 22
-    key_bits, value_bits = code & 15, (code >> 4) & 15
+    D, R, key_bits, value_bits = (values[name] for name in ("D", "R", "KB", "VB"))
     if (
         values["T"] == "float32"
         or D != 128
@@ -608,14 +606,20 @@ class _Plan:
 def template(
     dtype, mask_dtype, D, G, L, R, key_bits, value_bits, warps, window, flag_bits
 ):
-    """A variant's template values (dtypes by name; built once per variant), which its
-    kernel's header declares (``constants_header``). The integers go packed in two, as
-    when a call passed them; the kernel unpacks them as constants."""
+    """A variant's template values (dtypes by name; built once per variant), named as
+    the Metal build's (decode_attention_simd.py), which its kernel's header declares
+    (``constants_header``)."""
     return (
         ("T", dtype),
         ("MT", mask_dtype),
-        ("SHAPE", D | G << 10 | L << 18 | R << 22),
-        ("CODE", key_bits | value_bits << 4 | warps << 8 | flag_bits << 13),
+        ("D", D),
+        ("G", G),
+        ("L", L),
+        ("R", R),
+        ("KB", key_bits),
+        ("VB", value_bits),
+        ("NW", warps),
+        ("FLAGS", flag_bits),
         ("WINDOW", window),
     )
 

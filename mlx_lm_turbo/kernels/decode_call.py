@@ -9,7 +9,7 @@ import mlx.core as mx
 
 MAX_QUERIES = 8  # decode and speculative decoding's verify step; longer are prefill
 MAX_SINKS = 64  # exact tokens held apart from the tail, per sequence
-MAX_GROUP = 255  # query heads per KV head (8 bits of the SHAPE template value)
+MAX_GROUP = 255  # query heads per KV head the decode kernels take
 # The inputs both kernels read, in their order: the queries, the codec's constants, the
 # key calibration scale, keys stored as they are (turbo0vN), the packed rows, the sink
 # tokens (keys, values, positions), the exact tail (keys, values), the mask.

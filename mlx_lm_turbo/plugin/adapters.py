@@ -17,7 +17,8 @@ from typing import Optional, Tuple
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
-from ..cache.cache import TurboQuantKVCache, TurboQuantRotatingKVCache
+from ..cache.kv_cache import TurboQuantKVCache
+from ..cache.rotating_cache import TurboQuantRotatingKVCache
 from ..codec.schemes import KVScheme
 from ..errors import UnsupportedModelError
 from .hookspecs import hookimpl

@@ -2,12 +2,11 @@
 
 from typing import Optional
 
-from ..cache.attention import install_attention_dispatch
-from ..cache.cache import register_cache_classes
 from ..cache.common import check_integer, check_recent_exact
 from ..codec.schemes import KVScheme, parse_scheme
+from ..compat import check_mlx_lm_version
+from ..defaults import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from ..errors import UnsupportedModelError, UsageError
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .adapters import head_dims, mlx_make_prompt_cache, model_type_of
 from .manager import adapter_for
 from .registry import registry
@@ -38,7 +37,8 @@ def plan(
             f"TurboQuant is turned off for model type {model_type!r} by an override "
             f"({override['opt_out']}); run it without --kv-scheme or remove the override."
         )
-    scheme = parse_scheme(override.get("scheme", scheme))
+    if "scheme" in override:
+        scheme = parse_scheme(override["scheme"])
     layer_schemes = {
         i: parse_scheme(s)
         for i, s in {**override.get("layer_schemes", {}), **given}.items()
@@ -173,19 +173,19 @@ def make_prompt_cache(
     ``kv_scheme="none"`` gives mlx-lm's caches.
     """
     _check_model(model)
-    if parse_scheme(kv_scheme) is None:
+    scheme = parse_scheme(kv_scheme)
+    if scheme is None:
         return mlx_make_prompt_cache(model, max_kv_size)
     check_recent_exact(recent_exact)
     adapter, caches, layers, _ = plan(
         model,
-        kv_scheme,
+        scheme,
         boundary_skip=boundary_skip,
         max_kv_size=max_kv_size,
         model_path=model_path,
         layer_schemes=layer_schemes,
     )
-    install_attention_dispatch()
-    register_cache_classes()
+    check_mlx_lm_version()
     return adapter.build(
         caches,
         layers,

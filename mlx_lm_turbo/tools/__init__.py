@@ -3,7 +3,7 @@
 import argparse
 
 from ..codec.schemes import parse_scheme
-from ..settings import DEFAULT_RECENT_EXACT
+from ..defaults import DEFAULT_RECENT_EXACT
 
 
 class _Window(argparse.Action):

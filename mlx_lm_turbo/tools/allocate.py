@@ -227,7 +227,7 @@ def layer_sensitivities(
     attention output's relative squared error, measured on all of ``tokens`` for
     every width (keys with 8-bit values, values with fp16 keys), scales it to each
     width: sensitivity = KL(probe) * error(width) / error(probe)."""
-    from ..cache.cache import TurboQuantKVCache
+    from ..cache.kv_cache import TurboQuantKVCache
     from ..plugin.adapters import mlx_make_prompt_cache
     from ..plugin.prompt_cache import make_prompt_cache
 

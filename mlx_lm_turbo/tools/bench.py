@@ -34,7 +34,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..settings import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
+from ..defaults import DEFAULT_BOUNDARY_SKIP, DEFAULT_RECENT_EXACT
 from .gguf import add_model_argument
 from .quality import affine_after_prefill, compare, teacher_forced_logprobs
 

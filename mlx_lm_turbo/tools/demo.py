@@ -13,9 +13,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
-from ..cache.cache import TurboQuantKVCache
+from ..cache.kv_cache import TurboQuantKVCache
+from ..defaults import DEFAULT_BOUNDARY_SKIP
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 from .gguf import add_model_argument, resolve_model
 

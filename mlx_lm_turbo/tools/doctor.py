@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..defaults import DEFAULT_BOUNDARY_SKIP
 
 
 def _autoload_status():
@@ -36,19 +36,20 @@ def _autoload_status():
 
 
 def _check_options(parser, args):
+    """The scheme --kv-scheme names; a bad option is a usage error."""
     from ..codec.schemes import parse_scheme
 
     try:
-        if parse_scheme(args.kv_scheme) is None:
-            parser.error(
-                "--kv-scheme: give the TurboQuant scheme to plan for, not 'none'."
-            )
+        scheme = parse_scheme(args.kv_scheme)
     except ValueError as error:
         parser.error(f"--kv-scheme: {error}")
+    if scheme is None:
+        parser.error("--kv-scheme: give the TurboQuant scheme to plan for, not 'none'.")
     if args.turbo_boundary_skip < 0:
         parser.error(
             f"--turbo-boundary-skip must be >= 0, got {args.turbo_boundary_skip}."
         )
+    return scheme
 
 
 def _report_settings():
@@ -131,7 +132,7 @@ def main(argv=None):
         "--turbo-boundary-skip", type=int, default=DEFAULT_BOUNDARY_SKIP
     )
     args = parser.parse_args(argv)
-    _check_options(parser, args)
+    scheme = _check_options(parser, args)
 
     from mlx_lm import __version__ as mlx_lm_version
 
@@ -185,7 +186,7 @@ def main(argv=None):
         try:
             adapter, _, layers, override = plan(
                 model,
-                args.kv_scheme,
+                scheme,
                 boundary_skip=args.turbo_boundary_skip,
                 model_path=args.model,
             )

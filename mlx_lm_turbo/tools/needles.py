@@ -26,7 +26,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..settings import DEFAULT_BOUNDARY_SKIP
+from ..defaults import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option
 from .bench import CacheKind, activation_dtype, book_tokens
 from .gguf import add_model_argument, resolve_model

@@ -23,9 +23,9 @@ from mlx_lm.models.cache import make_prompt_cache as mlx_make_prompt_cache
 
 from ..attach.preflight import load_model
 from ..codec.codec import KEY_CALIBRATIONS
+from ..defaults import DEFAULT_BOUNDARY_SKIP
 from ..errors import UsageError
 from ..plugin.prompt_cache import make_prompt_cache, plan
-from ..settings import DEFAULT_BOUNDARY_SKIP
 from . import add_recent_exact_option, compared_schemes, generate, leading_equal
 
 QUESTIONS = Path(__file__).with_name("data") / "questions.json"

@@ -1,48 +1,39 @@
-"""Compressed KV caches that honour mlx-lm's cache contract.
+"""What the single caches share: ``SingleCache``, the base of ``TurboQuantKVCache``
+(kv_cache.py) and ``TurboQuantRotatingKVCache`` (rotating_cache.py), and the format of
+their saved state.
 
-``TurboQuantKVCache`` replaces ``KVCache`` and ``TurboQuantRotatingKVCache``
-replaces ``RotatingKVCache``. Both persist only TurboQuant-compressed data: each
-update compresses the incoming chunk at once, and ``update_and_fetch`` returns a
-``TurboKV`` (the compressed history plus the exact keys and values of the chunk and
-of the ``recent_exact - 1`` tokens before it; at a decode step the fused kernels serve,
-the token as the model gave it and those tokens as rows for the launch, see
-``TurboQuantKVCache``) that ``attention.turbo_scaled_dot_product_attention`` consumes.
-So during a chunked prefill the cache never holds more than one chunk (and those recent
-tokens) in fp16.
+Both persist only TurboQuant-compressed data: each update compresses the incoming chunk
+at once, and ``update_and_fetch`` returns a ``TurboKV`` (the compressed history plus
+the exact keys and values of the chunk and of the ``recent_exact - 1`` tokens before
+it; at a decode step the fused kernels serve, the token as the model gave it and those
+tokens as rows for the launch, see ``TurboQuantKVCache``) that
+``attention.turbo_scaled_dot_product_attention`` consumes. So during a chunked prefill
+the cache never holds more than one chunk (and those recent tokens) in fp16.
 
 Neither class has ``bits`` or ``to_quantized``: mlx-lm would route the first to
 its affine quantized attention and replace a cache that has the second.
 """
 
-import copy
 import json
 from functools import lru_cache
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, RotatingKVCache, create_attention_mask
 
 from ..codec.codec import TurboCodec, check_key_calibration
 from ..codec.schemes import parse_scheme
 from ..compat import check_mlx_lm_version
 from ..errors import CacheFormatError
-from ..kernels.decode_attention import (
-    raw_tail_support,
-    recent_tail,
-    tail_row,
-    tail_rows,
-)
 from .common import (
+    SINK_TOKENS,
     CacheCommon,
     check_integer,
     check_keys_values,
     check_recent_exact,
-    empty_like,
     encode,
     led_by_recent,
     new_codec,
-    route_attention,
 )
-from .view import PendingStep, TurboKV, recent_part
+from .view import TurboKV
 
 # The layout of a saved cache's state and the rules it was made under, written into its
 # metadata. 0: release 0.1.0 (no "format" key), refused by check_format; 1: 16 sink tokens
@@ -123,16 +114,11 @@ def _leading_positions(n):
     return positions
 
 
-class _TurboCache(CacheCommon):
+class SingleCache(CacheCommon):
     """What both cache layouts share: the codec, the fp16 start, sink tokens, state, sizes."""
 
     step = 256
-    # Every later query attends to a sequence's first tokens (attention sinks), so
-    # their quantization error reaches every step: this many are kept exact, read
-    # exactly by every query that sees them, and the key statistics are measured on
-    # them (see _calibrate), so they never depend on how the prompt was chunked or on
-    # what a prompt cache reused.
-    sink_tokens = 16
+    sink_tokens = SINK_TOKENS  # measured in _calibrate
 
     def __init__(
         self,
@@ -531,7 +517,7 @@ class _TurboCache(CacheCommon):
         self.sinks = None if sink_keys is None else (sink_keys, sink_values)
         self.recent = None if recent_keys is None else (recent_keys, recent_values)
         if self._codec_meta is not None:  # compressed
-            route_attention()
+            check_mlx_lm_version()
             self.codec = TurboCodec.from_meta(self._codec_meta, mean, scale)
             if arrays and self._format < 3:
                 arrays = self.codec.stored_from_arrays(arrays)
@@ -545,454 +531,3 @@ class _TurboCache(CacheCommon):
         cache = cls.__new__(cls)
         cache.state = state
         return cache
-
-
-class TurboQuantKVCache(_TurboCache):
-    """Compressed replacement for mlx-lm's ``KVCache``.
-
-    A decode token whose layer the fused kernels serve is not encoded here: the view
-    carries it as the model gave it (``TurboKV.pending``, a ``PendingStep``) and the
-    attention launch encodes it too, its row stored on the cache's next call
-    (``_take_launch``): on MLX-CUDA each custom call costs the host more than the
-    encoding's GPU time. Anything else that reads the cache first has it encoded as a
-    plain update would (``settle``).
-
-    Where no one else can hold the token's slot, the launch writes the row there itself:
-    no update op, which on MLX-CUDA would also copy the layer's whole cache while the
-    previous step still runs. MLX knows nothing of that write; the layer's next launch
-    is ordered after it (its ``previous`` input), anything else reads the cache after
-    ``_order_rows`` has written the last such row again through an op.
-    """
-
-    # The view whose decode token (its ``pending`` step) waits for its launch, or for
-    # its launch's row to be stored
-    _waiting = None
-    # (position, rows) of the last row a launch wrote into its slot, not yet by an op
-    # (its own, or a recent tail led by it)
-    _rows_in_place = None
-    # The first slot of the stored buffers that no one else can hold (None: no slot):
-    # 0 when they grow into new ones, raised by every slice of them handed out, None
-    # once they are handed out or in whole (a state, ``keys``, a copy of the cache).
-    _private_from = None
-    # (codec, tail): the recent tokens as a launch reads them (_recent_rows_now), or
-    # None. While they are held, ``recent`` is views of them, made when asked for (not
-    # at every step: each slice costs the host microseconds); setting ``recent``
-    # drops them.
-    _recent_rows = None
-
-    @property
-    def recent(self):
-        self._take_launch()
-        if self._recent is None and self._recent_rows is not None:
-            codec, tail = self._recent_rows
-            rows, D = tail_rows(codec, tail), codec.key_dim
-            self._recent = (recent_part(rows, 2, D), recent_part(rows, 3, D))
-        return self._recent
-
-    @recent.setter
-    def recent(self, value):
-        self._recent, self._recent_rows = value, None
-
-    def _make_uncompressed(self):
-        return KVCache()
-
-    def _uncompressed_history(self):
-        return self.uncompressed.keys_and_values()
-
-    def _store_history(self, new):
-        self.offset = 0
-        self._store(new)
-
-    def _store(self, new):
-        """Append compressed arrays at ``offset``, growing capacity in steps."""
-        prev, n = self.offset, new[0].shape[2]
-        self._reserve(new, n)
-        self._write(new, prev)
-        self.offset += n
-
-    def _reserve(self, like, n):
-        """Capacity for ``n`` more tokens after ``offset`` (arrays shaped like ``like``)."""
-        prev = self.offset
-        capacity = self.stored[0].shape[2] if self.stored is not None else 0
-        if prev + n > capacity:
-            n_steps = (self.step + n - 1) // self.step
-            grown = empty_like(like, n_steps * self.step)
-            if self.stored is not None:
-                self._order_rows()  # the copy into the new buffers reads them
-                grown = [
-                    mx.concatenate([s[..., :prev, :], g], axis=2)
-                    for s, g in zip(self.stored, grown)
-                ]
-            self.stored = tuple(grown)
-            self._private_from = 0
-
-    def _write(self, new, position):
-        for s, a in zip(self.stored, new):
-            s[:, :, position : position + a.shape[2]] = a
-
-    def update_and_fetch(self, keys, values):
-        self._rerun = None  # a view attention did not take queries for: as it is
-        self._take_launch()
-        if self._waiting is not None:
-            self.settle()
-        if self._defers(keys) and self._compressing(keys, values):
-            # Counted now, its slot left empty (zeros) until its row comes back.
-            position = self.offset
-            self._reserve(self.stored, 1)
-            private = self._private_from
-            in_place = private is not None and position >= private
-            self.offset += 1
-            # Not _stored_slice: the rows written in place stay unordered (only the
-            # launch reads this view), and handing it to the launch shares no slot.
-            view = self._view(self._slice(), keys, values)
-            view.pending = PendingStep(keys, values, position, in_place, self.settle)
-            if self.recent_exact > 1:
-                view.recent = self._recent_rows_now()
-            self._waiting = view
-            return view, view
-        self.settle()
-        return super().update_and_fetch(keys, values)
-
-    def _stored_slice(self):
-        stored = super()._stored_slice()
-        if self._private_from is not None:
-            self._private_from = max(self._private_from, self.offset)
-        return stored
-
-    def _share_buffers(self):
-        self.settle()
-        self._private_from = None
-
-    def __copy__(self):
-        self._share_buffers()
-        copied = type(self).__new__(type(self))
-        copied.__dict__.update(self.__dict__)
-        return copied
-
-    def __deepcopy__(self, memo):
-        # MLX arrays deep-copy by reference (mlx-lm's prompt caches copy caches so):
-        # the copy and this cache share the stored buffers from now on.
-        copied = memo[id(self)] = self.__copy__()
-        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        return copied
-
-    def _defers(self, keys):
-        """Whether this token's encoding waits for its attention launch: one token, all
-        sink tokens kept and measured (nothing else reads it before attention), a full
-        window of recent tokens where queries read one (the launch reads them exactly
-        and hands them back one token on), and a kernel that encodes it."""
-        return (
-            self.codec is not None
-            and self.stored is not None
-            and isinstance(keys, mx.array)
-            and keys.ndim == 4
-            and keys.shape[2] == 1
-            and self._sink_count() == self.sink_tokens
-            and raw_tail_support(self.codec)
-            and (self.recent_exact == 1 or self._window_full())
-        )
-
-    def _window_full(self):
-        """Whether ``recent`` holds all recent_exact - 1 tokens, in the codec's dtype, of
-        keys and values of one head dim (a launch's recent rows hold both)."""
-        if self._recent_rows is not None and self._recent_rows[0] is self.codec:
-            return True
-        return (
-            self.recent is not None
-            and self.recent[0].shape[2] == self.recent_exact - 1
-            and self.recent[0].dtype == self.recent[1].dtype == self.codec.dtype
-            and self.codec.key_dim == self.codec.value_dim
-        )
-
-    def _recent_rows_now(self):
-        """The recent tokens as a launch reads them (``recent_tail``): a row of 4 x
-        head_dim each, key and value in the attention domain, then as the model gave
-        them. Made here once after a plain update (``recent`` becomes views of it); a
-        launch hands the next ones back (``_take_launch``)."""
-        held = self._recent_rows
-        if held is None or held[0] is not self.codec:
-            rows = mx.concatenate(
-                [*self.codec.exact(*self.recent), *self.recent], axis=-1
-            )
-            self._keep_recent_rows(recent_tail(self.codec, rows))
-        return self._recent_rows[1]
-
-    def _recent_arrays(self):
-        if self._recent_rows is not None:
-            return [self._recent_rows[1]]  # ``recent`` are views of these rows
-        return super()._recent_arrays()
-
-    def _keep_recent_rows(self, tail):
-        self._recent, self._recent_rows = None, (self.codec, tail)
-
-    def _take_launch(self):
-        """Store the row the waiting token's launch encoded (where the launch wrote it
-        in place, keep it for ``_order_rows``), and the recent tail it handed
-        back one token on (no row apart: that tail leads with the row)."""
-        view = self._waiting
-        if view is None or not view.pending.launched:
-            return
-        self._waiting = None
-        step = view.pending
-        if step.recent_rows is not None:
-            self._keep_recent_rows(step.recent_rows)
-        if step.in_place:
-            self._rows_in_place = (step.position, step.row())
-        else:
-            self._write((tail_row(self.codec, step.row()),), step.position)
-
-    def _order_rows(self):
-        """Make the stored rows an array that MLX computes after the last launch that
-        wrote a row in place, and so after every launch before it, which each launch is
-        (``previous``); then write that launch's row through an op as well. MLX tracks
-        neither those writes nor, within a CUDA graph, the buffer they went to.
-
-        The ordering takes one kernel that reads both the buffer and the launch's
-        output: a slice update alone would not do, as MLX-CUDA copies a buffer it
-        cannot donate in a kernel of its own, ordered only after that buffer's last
-        known writer, so the copy could miss the rows launches write meanwhile."""
-        if self._rows_in_place is not None:
-            position, rows = self._rows_in_place
-            self._rows_in_place = None
-            row = tail_row(self.codec, rows)
-            first, *rest = self.stored
-            self.stored = (first | (row[..., :1] & 0), *rest)
-            self._write((row,), position)
-
-    def settle(self, view=None):
-        """Encode the waiting token as a plain update does and make its view a plain
-        one; ``view``: a view whose token was stored by its launch already, attended
-        again (its exact copies are made now). Rows written in place are ordered first."""
-        self._take_launch()
-        self._order_rows()
-        if self._waiting is not None and (view is None or view is self._waiting):
-            view, self._waiting = self._waiting, None
-            step = view.pending
-            stored, exact_keys, exact_values = self._encode(
-                step.keys, step.values, step.position
-            )
-            self._write(stored, step.position)
-            # sliced after the write, as a plain update
-            view.stored = self._stored_slice()
-        elif view is not None and view.pending is not None:
-            _, exact_keys, exact_values = encode(
-                self.codec, view.new_keys, view.new_values
-            )
-            if view.recent is not None:  # the tokens before it, as its launch read them
-                D, recent = self.codec.key_dim, tail_rows(self.codec, view.recent)
-                exact_keys, exact_values = (
-                    mx.concatenate([recent_part(recent, i, D), a], axis=2)
-                    for i, a in enumerate((exact_keys, exact_values))
-                )
-        else:
-            return
-        view.new_keys, view.new_values = exact_keys, exact_values
-        view.pending = view.recent = None
-
-    def _update_compressed(self, stored, exact_keys, exact_values):
-        self._store(stored)
-        # Sliced after storing: a slice taken before would pin the old buffer, so the
-        # store could not write in place and would copy the whole layer's cache.
-        return self._view(self._stored_slice(), exact_keys, exact_values)
-
-    def make_mask(self, *args, **kwargs):
-        return create_attention_mask(*args, offset=self.offset, **kwargs)
-
-    @classmethod
-    def merge(cls, caches):
-        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
-        from .batch_cache import TurboQuantBatchKVCache
-
-        return TurboQuantBatchKVCache.merge(caches)
-
-
-class TurboQuantRotatingKVCache(_TurboCache):
-    """Compressed replacement for mlx-lm's ``RotatingKVCache`` (sliding windows).
-
-    Same ring-buffer semantics (``max_size``, ``keep``, temporal order on
-    multi-token updates, in-place rotation on single tokens), applied to the
-    compressed arrays; the array-generic helpers are mlx-lm's own.
-
-    The rule of the full caches holds here too: the key statistics are measured on
-    the first ``sink_tokens`` tokens, and each query reads itself and those of them
-    still in its window exactly, every other key compressed. Once no query can see
-    them any more (and no trim can bring them back), they are let go.
-    """
-
-    def __init__(self, scheme, max_size, keep=0, **kwargs):
-        super().__init__(scheme, **kwargs)
-        self.max_size, self.keep = max_size, keep
-        self._idx = 0
-
-    def _uncompressed_end(self):
-        # A window's uncompressed start ends, at the latest, before its ring lets its
-        # first token go: the sink tokens are taken from the history when it ends.
-        return min(self.uncompressed_start, self.max_size + 1)
-
-    def _sinks_in(self, width):
-        """The sink tokens the ring's ``width`` slots hold, at their ring indices: kept
-        slots hold the first ``keep`` tokens; the newest token sits at ``_idx - 1``
-        and older ones before it, wrapping within [keep, width) (also in temporal
-        order, where ``_idx`` is the width)."""
-        if self.sinks is None:
-            return None
-        region = width - self.keep
-        present, positions = [], []
-        for t in range(self._sink_count()):
-            age = self.offset - 1 - t
-            if t < self.keep:
-                present.append(t), positions.append(t)
-            elif age < region:
-                present.append(t)
-                positions.append(self.keep + (self._idx - 1 - self.keep - age) % region)
-        if not present:
-            return None
-        keys, values = self._attention_sinks()
-        if len(present) < self._sink_count():
-            index = mx.array(present)
-            keys, values = (mx.take(a, index, axis=2) for a in (keys, values))
-        return keys, values, mx.array(positions)[None, None, :, None]
-
-    def _let_go_of_sinks(self):
-        """Drop the sink tokens once no later query can see them: past the window
-        (nothing kept) and past trimming (is_trimmable), so measured long ago."""
-        if (
-            self.sinks is not None
-            and self.keep == 0
-            and self.offset >= self.max_size + self.sink_tokens
-        ):
-            self.sinks, self._converted_sinks = None, None
-            self.sink_query_energy = None
-
-    _temporal_order = RotatingKVCache._temporal_order
-    _trim = RotatingKVCache._trim
-
-    def _make_uncompressed(self):
-        return RotatingKVCache(self.max_size, self.keep)
-
-    def _uncompressed_history(self):
-        u = self.uncompressed
-        return u._temporal_order(u.keys), u._temporal_order(u.values)
-
-    def _store_history(self, new):
-        # The uncompressed ring's contents, in temporal order; offset is unchanged.
-        self.stored, self._idx = tuple(new), new[0].shape[2]
-
-    def _update_concat(self, new):
-        """Append a multi-token chunk; the stored arrays to attend to."""
-        if self.stored is None:
-            self.stored = tuple(new)
-        else:
-            ordered = [self._temporal_order(a) for a in self.stored]
-            self._idx = ordered[0].shape[2]
-            # Keep max_size - 1 old tokens so every new token sees a full window.
-            trim_size = self._idx - self.max_size + 1
-            history = tuple(self._trim(trim_size, a) for a in ordered)
-            self.stored = tuple(
-                mx.concatenate([h, a], axis=2) for h, a in zip(history, new)
-            )
-        self.offset += new[0].shape[2]
-        self._idx = self.stored[0].shape[2]
-        return self.stored
-
-    def _update_in_place(self, new):
-        n, prev = new[0].shape[2], self.offset
-        capacity = self.stored[0].shape[2] if self.stored is not None else 0
-        if self.stored is None or (prev >= capacity and capacity < self.max_size):
-            grown = empty_like(new, min(self.step, self.max_size - prev))
-            if self.stored is not None:
-                grown = [
-                    mx.concatenate([s, g], axis=2) for s, g in zip(self.stored, grown)
-                ]
-            self.stored, self._idx = tuple(grown), prev
-        trim_size = self.stored[0].shape[2] - self.max_size
-        if trim_size > 0:
-            self.stored = tuple(self._trim(trim_size, a) for a in self.stored)
-            self._idx = self.max_size
-        if self._idx == self.max_size:
-            self._idx = self.keep
-        for s, a in zip(self.stored, new):
-            s[:, :, self._idx : self._idx + n] = a
-        self.offset += n
-        self._idx += n
-        return self._stored_slice()
-
-    def _update_compressed(self, stored, exact_keys, exact_values):
-        n = stored[0].shape[2]
-        if n == 1:
-            # Like RotatingKVCache: the whole ring in ring order, new token included;
-            # the exact tail (the recent tokens, then it) sits before _idx, wrapping
-            # within the ring's unkept slots.
-            ring = self._update_in_place(stored)
-            region = ring[0].shape[2] - self.keep
-            tail = min(exact_keys.shape[2], region)
-            at = [
-                self.keep + (self._idx - 1 - self.keep - age) % region
-                for age in range(tail - 1, -1, -1)
-            ]
-            exact_keys, exact_values = (
-                a[:, :, -tail:] for a in (exact_keys, exact_values)
-            )
-            view = self._view(ring, exact_keys, exact_values, exact_at=at)
-        else:
-            ring = self._update_concat(stored)
-            # The tail must be the window's last tokens in order: the recent ones still
-            # there after the kept slots (a ring that dropped tokens holds, after its
-            # kept ones, only its last ones).
-            history = ring[0].shape[2] - n
-            consecutive = history if self.offset - n <= history else history - self.keep
-            recent = min(exact_keys.shape[2] - n, max(consecutive, 0))
-            exact_keys, exact_values = (
-                a[:, :, a.shape[2] - n - recent :] for a in (exact_keys, exact_values)
-            )
-            view = self._view(ring, exact_keys, exact_values)
-        self._let_go_of_sinks()
-        return view
-
-    def size(self):
-        return min(self.offset, self.max_size)
-
-    def is_trimmable(self):
-        return self.offset < self.max_size and super().is_trimmable()
-
-    def trim(self, n):
-        trimmed = super().trim(n)
-        if self.uncompressed is None:
-            self._idx -= trimmed
-        return trimmed
-
-    @classmethod
-    def merge(cls, caches):
-        """Join single caches into one batch cache (mlx-lm's server batches through this)."""
-        from .batch_cache import TurboQuantBatchRotatingKVCache
-
-        return TurboQuantBatchRotatingKVCache.merge(caches)
-
-    def make_mask(self, N, window_size=None, return_array=False):
-        source = self.uncompressed if self.uncompressed is not None else self
-        return RotatingKVCache.make_mask(
-            source, N, window_size=window_size, return_array=return_array
-        )
-
-    def _extra_meta(self):
-        return {"max_size": self.max_size, "keep": self.keep, "idx": self._idx}
-
-    def _set_extra_meta(self, meta):
-        self.max_size, self.keep, self._idx = (
-            meta["max_size"],
-            meta["keep"],
-            meta["idx"],
-        )
-
-
-CACHE_CLASSES = (TurboQuantKVCache, TurboQuantRotatingKVCache)
-
-
-def register_cache_classes():
-    """Make saved prompt caches loadable: ``load_prompt_cache`` looks classes up by name in
-    mlx-lm's cache module."""
-    import mlx_lm.models.cache as mlx_cache
-
-    check_mlx_lm_version()  # never patch an mlx-lm outside the tested range
-    for cls in CACHE_CLASSES:
-        setattr(mlx_cache, cls.__name__, cls)
