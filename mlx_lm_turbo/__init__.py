@@ -34,7 +34,16 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
+# Caches made through the Python API need mlx-lm's attention routed to them even where
+# the start-up hook did not run (MLX_LM_TURBO_DISABLE, an install without .pth files).
+_ROUTED = {"TurboQuantKVCache", "TurboQuantRotatingKVCache", "make_prompt_cache"}
+
+
 def __getattr__(name):
     if name in _EXPORTS:
+        if name in _ROUTED:
+            from .attach.attention import install_attention_dispatch
+
+            install_attention_dispatch()
         return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

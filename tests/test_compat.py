@@ -115,6 +115,34 @@ def test_the_python_api_refuses_outside_the_range(monkeypatch):
         register_cache_classes()
 
 
+API_WITHOUT_HOOK = """
+import mlx.core as mx
+from mlx_lm.models import base
+import mlx_lm_turbo
+cache = mlx_lm_turbo.TurboQuantKVCache("turbo4")
+x = mx.random.normal((1, 2, 40, 64)).astype(mx.float16)
+keys, values = cache.update_and_fetch(x, x)
+q = mx.random.normal((1, 4, 40, 64)).astype(mx.float16)
+out = base.scaled_dot_product_attention(q, keys, values, cache=cache, scale=0.125, mask="causal")
+print(out.shape)
+"""
+
+
+@pytest.mark.slow  # a subprocess
+def test_python_api_caches_route_attention_without_the_start_up_hook():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
+    env["MLX_LM_TURBO_DISABLE"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", API_WITHOUT_HOOK],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "(1, 4, 40, 64)"
+
+
 def test_wrappers_pass_every_argument_through(tmp_path):
     """An mlx-lm that adds an argument keeps working with the plugin installed."""
     import mlx.core as mx
