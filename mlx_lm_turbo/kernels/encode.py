@@ -65,6 +65,7 @@ def _plan(codec, B):
                 codec.scheme.value_bits,
                 codec.key_mean is not None,
                 codec.key_scale is not None,
+                codec.unbiased_keys,
             ),
         )
         mx.eval(plan[0])
@@ -90,7 +91,7 @@ def _constants(codec):
 
 
 @lru_cache(maxsize=None)
-def template(dtype, D, key_bits, value_bits, center, scale):
+def template(dtype, D, key_bits, value_bits, center, scale, unbiased=False):
     """A variant's template values (one list per variant, built once), the integers
     packed in one (MLX's host cost of a call grows with its template values)."""
     return [
@@ -102,7 +103,8 @@ def template(dtype, D, key_bits, value_bits, center, scale):
             | value_bits << 14
             | WARPS << 18
             | center << 23
-            | scale << 24,
+            | scale << 24
+            | unbiased << 25,
         ),
     ]
 
