@@ -639,20 +639,14 @@ def test_auto_picks_the_kernel_for_decode_and_the_portable_path_for_prefill(
         [64, 128, 256],
     ),
 )
-@pytest.mark.parametrize("unbiased", [True, False], ids=["unbiased", "norm"])
-def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D, unbiased):
-    # keys' unbiased scale, and the norm-keeping scale of files saved before it
+def test_encode_matches_the_codec(monkeypatch, scheme, calibration, D):
     from mlx_lm_turbo.codec.codec import TurboCodec, split_rows
     from mlx_lm_turbo.codec.schemes import parse_scheme
 
     keys = outlier_keys((2, 4, 300, D)).astype(mx.bfloat16)
     values = mx.random.normal((2, 4, 300, D), key=mx.random.key(1)).astype(mx.bfloat16)
     codec = TurboCodec.for_keys(
-        parse_scheme(scheme),
-        keys,
-        values,
-        key_calibration=calibration,
-        unbiased_keys=unbiased,
+        parse_scheme(scheme), keys, values, key_calibration=calibration
     )
     codec = codec.with_statistics(*codec.key_statistics(keys))
     monkeypatch.setenv(KERNEL_ENV, "off")

@@ -136,17 +136,14 @@ SAVED_FORMAT_2 = FIXTURE.parent / "format-2"
 
 
 @pytest.mark.parametrize("version", [1, 2])
-def test_format_1_and_2_files_continue_exactly(tmp_path, version, monkeypatch):
+def test_format_1_and_2_files_continue_exactly(tmp_path, version):
     # Format 3 joined each layer's four arrays into rows; format 2 changed only the
     # sliding-window rule, so a format-1 full-attention file is format 2's. A file saved
-    # by the format-2 code (fixture) must continue exactly as a cache fed every token
-    # by that code (its keys keep their norm: new keys store the unbiased scale).
+    # by the format-2 code (fixture) must continue exactly as a cache fed every token.
     import mlx_lm_turbo.cache.cache as cache_module
-    import mlx_lm_turbo.codec.codec as codec_module
     from mlx_lm_turbo import TurboQuantKVCache
 
     cache_module.register_cache_classes()
-    monkeypatch.setattr(codec_module, "UNBIASED_KEYS", False)  # for `fresh`
     path = with_meta_changed(
         SAVED_FORMAT_2 / "cache.safetensors",
         tmp_path / "saved.safetensors",
@@ -165,52 +162,6 @@ def test_format_1_and_2_files_continue_exactly(tmp_path, version, monkeypatch):
         b, _ = cache.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
         for x, y in zip((*a.stored, *a.sinks), (*b.stored, *b.sinks)):
             assert x.shape == y.shape and mx.array_equal(x, y).item()
-
-
-def test_files_from_before_the_unbiased_scale_continue_with_the_norm(
-    tmp_path, monkeypatch
-):
-    # Keys store the unbiased scale, |x| / <y, c>; a file saved before (its codec's
-    # metadata without unbiased_keys) kept their norm, |x| / |c|, and so do the tokens
-    # it goes on with (the decode launch leaves them to the encode kernel), exactly as
-    # the code that saved it continued it.
-    import mlx_lm_turbo.cache.cache as cache_module
-    import mlx_lm_turbo.codec.codec as codec_module
-    from mlx_lm_turbo import TurboQuantKVCache
-
-    cache_module.register_cache_classes()
-    inputs = mx.load(str(SAVED_FORMAT_2 / "inputs.safetensors"))
-    keys, values = inputs["keys"], inputs["values"]
-    meta = codec_module.TurboCodec.meta
-
-    def earlier_meta(codec):
-        m = json.loads(meta(codec))
-        del m["unbiased_keys"]
-        return json.dumps(m)
-
-    def fed(n):
-        cache = TurboQuantKVCache("turbo4")
-        cache.update_and_fetch(keys[:, :, :n], values[:, :, :n])
-        return cache
-
-    path = str(tmp_path / "earlier.safetensors")
-    with monkeypatch.context() as m:
-        m.setattr(codec_module, "UNBIASED_KEYS", False)
-        m.setattr(codec_module.TurboCodec, "meta", earlier_meta)
-        save_prompt_cache(path, [fed(40)])
-        a, _ = fed(40).update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
-    (loaded,) = load_prompt_cache(path)
-    assert not loaded.codec.unbiased_keys
-    b, _ = loaded.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
-    for x, y in zip((*a.stored, *a.sinks), (*b.stored, *b.sinks)):
-        assert x.shape == y.shape and mx.array_equal(x, y).item()
-    # A new cache stores the unbiased scale (other key norms), and its file says so.
-    path = str(tmp_path / "unbiased.safetensors")
-    save_prompt_cache(path, [fed(40)])
-    (loaded,) = load_prompt_cache(path)
-    assert loaded.codec.unbiased_keys
-    c, _ = loaded.update_and_fetch(keys[:, :, 40:], values[:, :, 40:])
-    assert not mx.array_equal(a.stored[-1], c.stored[-1]).item()
 
 
 def test_format_1_sliding_window_files_are_refused(tmp_path, monkeypatch):

@@ -1,12 +1,8 @@
 """TurboQuant codec for one attention layer's keys and values.
 
-Each vector (one head, one token) is stored as an fp16 scale and the packed
-indices of its rotated unit vector y in a Lloyd-Max codebook, whose levels make a
-codeword c. A value's scale is ``|x| / |c|``, so its reconstruction has the original
-norm; a key's is ``|x| / <y, c>`` (``UNBIASED_KEYS``), so its reconstruction's inner
-product with the key is exactly ``|x|^2``: with the norm kept instead, every attention
-score shrinks by about (1 - mse / 2), and the gap between a needle's score and the
-rest with it. Neither costs a bit more.
+Each vector (one head, one token) is stored as an fp16 corrected norm and the
+packed indices of its rotated unit vector in a Lloyd-Max codebook. The corrected
+norm is ``|x| / |codebook[idx]|``, so a reconstruction has the original norm.
 A token's key and value of one head are stored as one uint32 row (``join_rows``):
 one array to update per decode step, not four (each update is a GPU launch).
 
@@ -69,24 +65,16 @@ def check_key_calibration(key_calibration):
     return key_calibration
 
 
-# New codecs store keys' unbiased scale (files saved before stored |x| / |c|: a codec
-# read from such a file keeps doing so, ``TurboCodec.from_meta``).
-UNBIASED_KEYS = True
-
-
-def quantize_rotated(y: mx.array, bits: int, unbiased: bool = False):
-    """Rotated vectors (..., d) -> (packed indices, fp16 scales (..., 1)): ``|y| / |c|``
-    for the codeword c of y / |y|, or ``|y| / <y / |y|, c>`` where ``unbiased``."""
+def quantize_rotated(y: mx.array, bits: int):
+    """Rotated vectors (..., d) -> (packed indices, fp16 corrected norms (..., 1))."""
     head_dim = y.shape[-1]
     norm = mx.linalg.norm(y, axis=-1, keepdims=True)
     unit = y / mx.maximum(norm, 1e-30)
     indices = mx.searchsorted(boundaries(head_dim, bits), unit)
-    levels = codebook(head_dim, bits)[indices]
-    if unbiased:
-        denominator = (unit * levels).sum(axis=-1, keepdims=True)
-    else:
-        denominator = mx.linalg.norm(levels, axis=-1, keepdims=True)
-    corrected = mx.minimum(norm / mx.maximum(denominator, 1e-30), _FP16_MAX)
+    recon_norm = mx.linalg.norm(
+        codebook(head_dim, bits)[indices], axis=-1, keepdims=True
+    )
+    corrected = mx.minimum(norm / mx.maximum(recon_norm, 1e-30), _FP16_MAX)
     return pack(indices, bits), corrected.astype(mx.float16)
 
 
@@ -219,7 +207,6 @@ class TurboCodec:
         layer=0,
         key_calibration=None,
         signs=SIGNS,
-        unbiased_keys=None,
     ):
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -235,7 +222,6 @@ class TurboCodec:
         self.key_dim, self.value_dim, self.n_kv_heads = key_dim, value_dim, n_kv_heads
         self.dtype = dtype
         self.seed, self.layer, self.signs = seed, layer, signs
-        self.unbiased_keys = UNBIASED_KEYS if unbiased_keys is None else unbiased_keys
         self.key_calibration = key_calibration if scheme.key_bits else "none"
         self.key_rotation = (
             rotation(key_dim, seed, layer, signs) if scheme.key_bits else None
@@ -367,10 +353,9 @@ class TurboCodec:
         y_keys, y_values = self.rotated(keys, values)
         value_part = quantize_rotated(y_values, self.scheme.value_bits)
         if self.scheme.key_bits:
-            key_part = quantize_rotated(
-                y_keys, self.scheme.key_bits, self.unbiased_keys
+            stored = (
+                join_rows(*quantize_rotated(y_keys, self.scheme.key_bits), *value_part),
             )
-            stored = (join_rows(*key_part, *value_part),)
         else:
             stored = (keys, join_rows(None, None, *value_part))
         return stored, in_dtype(y_keys, self.dtype), in_dtype(y_values, self.dtype)
@@ -440,7 +425,6 @@ class TurboCodec:
                 "layer": self.layer,
                 "key_calibration": self.key_calibration,
                 "signs": self.signs,
-                "unbiased_keys": self.unbiased_keys,
             }
         )
 
@@ -457,7 +441,6 @@ class TurboCodec:
             layer=m["layer"],
             key_calibration=m["key_calibration"],
             signs=m["signs"],
-            unbiased_keys=m.get("unbiased_keys", False),
         )
         codec.key_mean, codec.key_scale = key_mean, key_scale
         return codec

@@ -299,9 +299,8 @@ __device__ __forceinline__ void rotate_warp(float (&x)[D / 32], const float* sig
 
 // Codes of y / |y| (the number of boundaries below each coordinate, as
 // mx.searchsorted), packed into words[0 .. D * BITS / 32) (shared memory of this warp);
-// returns the scale codec.quantize_rotated stores: |y| / |c| for the codeword c, or
-// |y| / <y / |y|, c> where UNBIASED.
-template <int D, int BITS, bool UNBIASED = false>
+// returns the corrected norm (codec.TurboCodec.encode's).
+template <int D, int BITS>
 __device__ __forceinline__ float quantize_warp(const float (&y)[D / 32], const float* bounds,
                                                const float* levels, uint32_t* words, int lane) {
   constexpr int DPL = D / 32;
@@ -320,14 +319,14 @@ __device__ __forceinline__ float quantize_warp(const float (&y)[D / 32], const f
     for (int step = 1 << (BITS - 1); step > 0; step >>= 1) {
       if (unit > bounds[code + step - 1]) code += step;
     }
-    recon_sq += (UNBIASED ? unit : levels[code]) * levels[code];
+    recon_sq += levels[code] * levels[code];
     const int bit = (lane * DPL + k) * BITS, word = bit >> 5, shift = bit & 31;
     atomicOr(words + word, uint32_t(code) << shift);
     if (shift + BITS > 32) atomicOr(words + word + 1, uint32_t(code) >> (32 - shift));
   }
-  const float recon = UNBIASED ? warp_sum(recon_sq) : sqrtf(warp_sum(recon_sq));
+  const float recon_norm = sqrtf(warp_sum(recon_sq));
   __syncwarp();
-  return fminf(norm / fmaxf(recon, 1e-30f), 65504.0f);
+  return fminf(norm / fmaxf(recon_norm, 1e-30f), 65504.0f);
 }
 
 // A norms word: the key norm (fp16) in the low half, the value norm in the high half.

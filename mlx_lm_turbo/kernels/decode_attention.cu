@@ -949,8 +949,7 @@ if constexpr (RAW_TAIL && KB > 0) {
     rotate_warp<D>(v, v_signs, lane);
     const float v_norm = quantize_warp<D, VB>(v, v_bounds, v_levels_in, raw_words + KW, lane);
     rotate_warp<D>(x, k_signs, lane);
-    // keys' unbiased scale: raw_tail_support leaves other codecs' tokens to encode.cu
-    const float k_norm = quantize_warp<D, KB, true>(x, k_bounds, k_levels_in, raw_words, lane);
+    const float k_norm = quantize_warp<D, KB>(x, k_bounds, k_levels_in, raw_words, lane);
 #pragma unroll
     for (int k = 0; k < DPL; ++k) {
       raw_tail[lane * DPL + k] = from_float<T>(x[k]);

@@ -84,15 +84,10 @@ def raw_tail_support(codec) -> bool:
     it (``fused_decode_and_encode``): the kernels can serve the layer on MLX-CUDA (only
     the CUDA kernel encodes) and its keys are quantized (turbo0vN keeps them as they are,
     in an array of their own). ``MLX_LM_TURBO_KERNEL`` is read once a layer, by the
-    launch: under ``off`` it declines and the cache encodes the token as usual. The
-    launch stores the keys' unbiased scale: a codec read from a file saved before it
-    (``unbiased_keys`` False) leaves its tokens to the encode kernel."""
+    launch: under ``off`` it declines and the cache encodes the token as usual."""
     backend = gpu_backend()
     return (
-        codec.scheme.key_bits > 0
-        and codec.unbiased_keys
-        and backend == "cuda"
-        and layer_served(codec, backend)
+        codec.scheme.key_bits > 0 and backend == "cuda" and layer_served(codec, backend)
     )
 
 

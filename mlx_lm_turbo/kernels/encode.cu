@@ -2,15 +2,13 @@
 // vector into one row as codec.TurboCodec.encode does (codec.join_rows: key codes,
 // value codes, a word of both fp16 norms), and keep their exact rotated copies.
 // Lane j holds dims [j * DPL, (j + 1) * DPL). Template constants: T and CODE (D, KB,
-// VB, NW, whether the key calibration's CENTER and SCALE statistics are present, and
-// whether keys store the UNBIASED scale, codec.TurboCodec.unbiased_keys).
+// VB, NW, and whether the key calibration's CENTER and SCALE statistics are present).
 // `consts` holds the key signs (D), value signs (D), key boundaries and levels (2^KB - 1
 // and 2^KB where KB > 0), value boundaries and levels (2^VB - 1, 2^VB).
 using namespace turbo;
 constexpr int D = CODE & 1023, KB = (CODE >> 10) & 15, VB = (CODE >> 14) & 15;
 constexpr int NW = (CODE >> 18) & 31;
 constexpr bool CENTER = (CODE >> 23) & 1, SCALE = (CODE >> 24) & 1;
-constexpr bool UNBIASED = (CODE >> 25) & 1;
 const float* k_signs = consts;
 const float* v_signs = consts + D;
 const float* k_bounds = consts + 2 * D;
@@ -50,7 +48,7 @@ if constexpr (KB > 0) {
     if constexpr (SCALE) x[k] /= key_scale[b * key_scale_strides[0] + h * key_scale_strides[1] + d];
   }
   rotate_warp<D>(x, k_signs, lane);
-  k_norm = quantize_warp<D, KB, UNBIASED>(x, k_bounds, k_levels, packed[warp], lane);
+  k_norm = quantize_warp<D, KB>(x, k_bounds, k_levels, packed[warp], lane);
 #pragma unroll
   for (int k = 0; k < DPL; ++k) exact_keys[out_row * D + lane * DPL + k] = from_float<T>(x[k]);
 }

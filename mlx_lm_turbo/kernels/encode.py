@@ -65,7 +65,6 @@ def _plan(codec, B):
                 codec.scheme.value_bits,
                 codec.key_mean is not None,
                 codec.key_scale is not None,
-                codec.unbiased_keys,
             ),
         )
         mx.eval(plan[0])
@@ -91,7 +90,7 @@ def _constants(codec):
 
 
 @lru_cache(maxsize=None)
-def template(dtype, D, key_bits, value_bits, center, scale, unbiased=False):
+def template(dtype, D, key_bits, value_bits, center, scale):
     """A variant's template values (one list per variant, built once), the integers
     packed in one (MLX's host cost of a call grows with its template values)."""
     return [
@@ -103,8 +102,7 @@ def template(dtype, D, key_bits, value_bits, center, scale, unbiased=False):
             | value_bits << 14
             | WARPS << 18
             | center << 23
-            | scale << 24
-            | unbiased << 25,
+            | scale << 24,
         ),
     ]
 
