@@ -48,9 +48,10 @@ SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _FP16_MAX = 65504.0
 
 
-# Measured with benchmarks/key_calibration.py (README): centring beat no calibration
-# and centre+scale at every key width on SmolLM2-135M; the query-aware scale beat
-# centring on SmolLM2 and Gemma 3 270M (results/query_scale_gemma3_h200_495a544.md).
+# Centring spares the codebook each channel's offset (softmax ignores the score shift
+# it makes), and the query-aware scale puts the keys' error where the queries look
+# least: lower KL than the other three on SmolLM2-135M and Gemma 3 270M
+# (benchmarks/key_calibration.py; docs/design.md, "Key calibration").
 DEFAULT_KEY_CALIBRATION = "center+query"
 
 
@@ -122,9 +123,8 @@ def _dequantizer(bits: int, head_dim: int, dtype):
 
     if 8 % bits == 0 and head_dim * bits % 32 == 0:
         # Whole codes in each byte (2, 4, 8 bits): a byte indexes a table of its codes'
-        # levels, one gather a byte instead of one a code, compiled once for every
-        # cache length (on CPU 1.4x faster at 4 bits, 2.2x at 2,
-        # benchmarks/results/dequantize_cpu.md).
+        # levels, one gather a byte instead of one a code (fewer, larger gathers: faster
+        # on CPU, the more so the fewer the bits), compiled once for every cache length.
         table = byte_levels(levels, bits)
 
         def dequantize_bytes(codes, norms):
