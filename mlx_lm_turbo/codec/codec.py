@@ -348,7 +348,7 @@ class TurboCodec:
 
         Every stored array keeps the token axis at 2. The exact rotated keys and
         values let a token attend to itself without quantization error. The portable
-        reference of ``kernels/encode.cu`` (``cache.cache.encode`` picks).
+        reference of ``kernels/encode.cu`` (``cache.common.encode`` picks).
         """
         y_keys, y_values = self.rotated(keys, values)
         value_part = quantize_rotated(y_values, self.scheme.value_bits)
