@@ -118,7 +118,7 @@ def attention_variants():
 def attention_unit(dtype, kind, template):
     """The fused decode kernel's translation unit for one ``attention_variants`` item."""
     from mlx_lm_turbo.kernels import decode_attention
-    from mlx_lm_turbo.kernels.dispatch import source
+    from mlx_lm_turbo.kernels.build import source
 
     _, outputs, no_outputs = decode_attention.KERNELS[kind]
     values = dict(template)
@@ -451,7 +451,7 @@ def main():
             compile_all(units, args.arch, args.metal_as_cpp, hashes=args.code_hashes)
         )
     from mlx_lm_turbo.kernels import decode_attention, encode
-    from mlx_lm_turbo.kernels.dispatch import source
+    from mlx_lm_turbo.kernels.build import source
 
     if args.warps_per_sm is not None:
         decode_attention.WARPS_PER_SM = args.warps_per_sm

@@ -26,7 +26,7 @@ from helpers import (
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
-from mlx_lm_turbo.kernels import KERNEL_ENV, dispatch
+from mlx_lm_turbo.kernels import KERNEL_ENV, build, dispatch
 from mlx_lm_turbo.kernels import decode_attention_simd as simd
 
 
@@ -51,7 +51,7 @@ BACKEND_ONLY = [
 
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_sources_use_no_backend_spelling(name):
-    text = dispatch.source(name)
+    text = build.source(name)
     for pattern in BACKEND_ONLY:
         assert not re.search(pattern, text), (name, re.search(pattern, text).group())
 
@@ -69,10 +69,10 @@ def test_each_backend_source_declares_the_indices_from_its_own_names(body):
     ):
         assert attribute in metal and attribute not in cuda
     assert "blockIdx" in cuda and "blockIdx" not in metal
-    assert metal.endswith(dispatch.source(body) + "\n")
-    assert cuda.endswith(dispatch.included(body))  # MLX-CUDA's compiler reads the file
+    assert metal.endswith(build.source(body) + "\n")
+    assert cuda.endswith(build.included(body))  # MLX-CUDA's compiler reads the file
     assert "simd_sum" in simd.kernel_header("metal")
-    assert dispatch.included("simd_prelude_cuda.h") in simd.kernel_header("cuda")
+    assert build.included("simd_prelude_cuda.h") in simd.kernel_header("cuda")
 
 
 def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
@@ -87,17 +87,17 @@ def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
 
     def build_all():
         simd.kernels.cache_clear()
-        dispatch.source.cache_clear()
+        build.source.cache_clear()
         for backend in names:
             simd.kernels(backend)
         return [n for built in names.values() for n in built[-2:]]
 
     first = build_all()
     assert len(set(first)) == 4 and first == build_all()
-    read = dispatch.Path.read_text
+    read = build.Path.read_text
     for edited in (*SHARED, "simd_prelude_metal.h", "simd_prelude_cuda.h"):
         monkeypatch.setattr(
-            dispatch.Path,
+            build.Path,
             "read_text",
             lambda path, *a, e=edited: (
                 read(path, *a) + ("\nint changed;" if path.name == e else "")
@@ -114,7 +114,7 @@ def test_a_changed_source_is_built_under_a_new_name(monkeypatch):
             assert renamed == [i == at for _ in names for i in (0, 1)], edited
     monkeypatch.undo()
     simd.kernels.cache_clear()
-    dispatch.source.cache_clear()
+    build.source.cache_clear()
 
 
 @pytest.mark.slow  # compiler subprocesses

@@ -88,13 +88,13 @@ def test_kernel_mode_reads_the_environment(monkeypatch):
 def test_an_included_source_names_what_its_text_reads(name):
     # MLX-CUDA passes an input's shape and strides only where the kernel's source
     # names them: the #include line's comment must name what the file reads.
+    import mlx_lm_turbo.kernels.build as build
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
     import mlx_lm_turbo.kernels.decode_attention_simd as simd
-    import mlx_lm_turbo.kernels.dispatch as dispatch
     import mlx_lm_turbo.kernels.encode as encode
 
-    text, line = dispatch.source(name), dispatch.included(name)
-    assert line.startswith(f'#include "{dispatch._SOURCES / name}"')
+    text, line = build.source(name), build.included(name)
+    assert line.startswith(f'#include "{build._SOURCES / name}"')
     assert len(line) < len(text) / 10  # what MLX hashes at every call
     inputs = {*decode_attention.INPUTS, *encode.INPUTS, *simd.MERGE_INPUTS}
     for input_name in inputs:
@@ -106,24 +106,24 @@ def test_an_included_source_names_what_its_text_reads(name):
 def test_a_source_under_a_path_no_include_can_name_comes_as_its_text(
     monkeypatch, tmp_path
 ):
-    import mlx_lm_turbo.kernels.dispatch as dispatch
+    import mlx_lm_turbo.kernels.build as build
 
     folder = tmp_path / 'a "quoted" folder'
     folder.mkdir()
-    (folder / "encode.cu").write_text((dispatch._SOURCES / "encode.cu").read_text())
-    expected = dispatch.source("encode.cu") + "\n"
-    dispatch.source.cache_clear()
-    monkeypatch.setattr(dispatch, "_SOURCES", folder)
-    assert dispatch.included("encode.cu") == expected
-    dispatch.source.cache_clear()
+    (folder / "encode.cu").write_text((build._SOURCES / "encode.cu").read_text())
+    expected = build.source("encode.cu") + "\n"
+    build.source.cache_clear()
+    monkeypatch.setattr(build, "_SOURCES", folder)
+    assert build.included("encode.cu") == expected
+    build.source.cache_clear()
 
 
 def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     # MLX-CUDA finds compiled kernels on disk by name and template values: a source
     # changed by an upgrade must not reach an earlier binary. Runs anywhere (the
     # kernels are built by a stand-in recording their names).
+    import mlx_lm_turbo.kernels.build as build
     import mlx_lm_turbo.kernels.decode_attention as decode_attention
-    import mlx_lm_turbo.kernels.dispatch as dispatch
     import mlx_lm_turbo.kernels.encode as encode
 
     names = []
@@ -132,7 +132,7 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     )
 
     def build_all():
-        for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
+        for cached in (decode_attention._kernel, encode._kernel, build.source):
             cached.cache_clear()
         inputs = decode_attention.call_inputs(4, 0)
         constants = decode_attention.template(
@@ -147,7 +147,7 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
 
     first, again = build_all(), build_all()
     assert first == again  # the same source finds its compiled kernel again
-    read = dispatch.Path.read_text
+    read = build.Path.read_text
     # which of (decode, decode with a raw tail, encode) each file's edit renames
     renamed = {
         "common.cuh": [True, True, True],
@@ -156,7 +156,7 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
     }
     for edited, expected in renamed.items():
         monkeypatch.setattr(
-            dispatch.Path,
+            build.Path,
             "read_text",
             lambda path, *a, e=edited: (
                 read(path, *a) + ("\nint changed;" if path.name == e else "")
@@ -164,7 +164,7 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
         )
         assert [a != b for a, b in zip(first, build_all())] == expected, edited
     monkeypatch.undo()
-    for cached in (decode_attention._kernel, encode._kernel, dispatch.source):
+    for cached in (decode_attention._kernel, encode._kernel, build.source):
         cached.cache_clear()
 
 

@@ -28,6 +28,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
+from .build import broadcast_rows, cuda_kernel, included, placeholder
 from .decode_attention_simd import simd_launch
 from .decode_call import (
     ATTENTION_INPUTS,
@@ -36,15 +37,7 @@ from .decode_call import (
     flags,
     sink_logits,
 )
-from .dispatch import (
-    broadcast_rows,
-    cuda_kernel,
-    gpu_backend,
-    included,
-    layer_served,
-    placeholder,
-    use_kernel,
-)
+from .dispatch import gpu_backend, layer_served, use_kernel
 
 WARPS = 4
 # Each lane accumulates (rows x head_dim / 32) output values in registers: at most 32.

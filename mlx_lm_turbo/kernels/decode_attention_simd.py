@@ -25,6 +25,14 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
+from .build import (
+    broadcast_rows,
+    cuda_kernel,
+    included,
+    metal_kernel,
+    placeholder,
+    source,
+)
 from .decode_call import (
     ATTENTION_INPUTS,
     MAX_SINKS,
@@ -32,15 +40,7 @@ from .decode_call import (
     flags,
     sink_logits,
 )
-from .dispatch import (
-    broadcast_rows,
-    cuda_kernel,
-    head_dims_support,
-    included,
-    metal_kernel,
-    placeholder,
-    source,
-)
+from .dispatch import head_dims_support
 
 SIMD_GROUPS = 4  # per threadgroup
 THREADS = 32 * SIMD_GROUPS

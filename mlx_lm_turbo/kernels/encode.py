@@ -15,14 +15,8 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
-from .dispatch import (
-    broadcast_rows,
-    cuda_kernel,
-    gpu_backend,
-    included,
-    placeholder,
-    use_kernel,
-)
+from .build import broadcast_rows, cuda_kernel, included, placeholder
+from .dispatch import gpu_backend, use_kernel
 
 WARPS = 4
 # The codec's constants come as one input (a call's host cost grows with its inputs).

@@ -18,8 +18,9 @@ from functools import lru_cache
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
+from .build import cuda_kernel, included
 from .decode_attention import C_TYPES, constants_header
-from .dispatch import cuda_kernel, gpu_backend, included, use_kernel
+from .dispatch import gpu_backend, use_kernel
 
 WARPS = 4
 # Blocks an SM holds at once: the registers a thread may use are 64K / (threads x
