@@ -376,6 +376,26 @@ class BatchCache(CacheCommon):
                 self.sink_query_energy[idx : idx + 1, :, :count]
             )
 
+    def _row_options(self):
+        """The options a row's single cache (``extract``) is made with."""
+        return dict(
+            seed=self.seed,
+            layer=self.layer,
+            key_calibration=self.key_calibration,
+            recent_exact=self.recent_exact,
+        )
+
+    def _held_nbytes(self):
+        """Bytes of what the cache holds besides its stored tokens: sink tokens and
+        their query energy, recent copies, converted sinks."""
+        arrays = (
+            *(self.sinks or ()),
+            *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
+            *(self.recent or ()),
+            *self._converted_sink_arrays(),
+        )
+        return sum(a.nbytes for a in arrays)
+
     def _row_recent(self, idx, tokens):
         """Row ``idx``'s recent copies for a single cache of ``tokens`` tokens, or None."""
         held = min(self.recent_exact - 1, tokens)

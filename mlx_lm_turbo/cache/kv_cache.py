@@ -499,13 +499,7 @@ class TurboQuantBatchKVCache(BatchCache):
         self._idx = idx
 
     def extract(self, idx):
-        cache = TurboQuantKVCache(
-            self.scheme,
-            seed=self.seed,
-            layer=self.layer,
-            key_calibration=self.key_calibration,
-            recent_exact=self.recent_exact,
-        )
+        cache = TurboQuantKVCache(self.scheme, **self._row_options())
         cache.sink_tokens = self.sink_tokens
         padding = self.left_padding.tolist()[idx]
         cache.recent = self._row_recent(idx, self._idx - padding)
@@ -539,14 +533,7 @@ class TurboQuantBatchKVCache(BatchCache):
 
     @property
     def nbytes(self):
-        arrays = (
-            *(self.stored or ()),
-            *(self.sinks or ()),
-            *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
-            *(self.recent or ()),
-            *self._converted_sink_arrays(),
-        )
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in self.stored or ()) + self._held_nbytes()
 
     @property
     def state(self):

@@ -436,13 +436,7 @@ class TurboQuantBatchRotatingKVCache(BatchCache, BatchRotatingKVCache):
     def extract(self, idx):
         plain = BatchRotatingKVCache.extract(self, idx)
         cache = TurboQuantRotatingKVCache(
-            self.scheme,
-            self.max_size,
-            0,
-            seed=self.seed,
-            layer=self.layer,
-            key_calibration=self.key_calibration,
-            recent_exact=self.recent_exact,
+            self.scheme, self.max_size, 0, **self._row_options()
         )
         cache.sink_tokens = self.sink_tokens
         cache.recent = self._row_recent(idx, self.row_tokens[idx])
@@ -470,10 +464,4 @@ class TurboQuantBatchRotatingKVCache(BatchCache, BatchRotatingKVCache):
 
     @property
     def nbytes(self):
-        arrays = (
-            *(self.sinks or ()),
-            *(() if self.sink_query_energy is None else (self.sink_query_energy,)),
-            *(self.recent or ()),
-            *self._converted_sink_arrays(),
-        )
-        return BatchRotatingKVCache.nbytes.fget(self) + sum(a.nbytes for a in arrays)
+        return BatchRotatingKVCache.nbytes.fget(self) + self._held_nbytes()
