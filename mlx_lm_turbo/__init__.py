@@ -45,5 +45,9 @@ def __getattr__(name):
             from .attach.attention import install_attention_dispatch
 
             install_attention_dispatch()
-        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        # kept, so the next lookup finds it without coming back here
+        value = globals()[name] = getattr(
+            importlib.import_module(_EXPORTS[name], __name__), name
+        )
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
