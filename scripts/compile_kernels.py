@@ -482,10 +482,13 @@ def main():
             wrap(
                 "encode",
                 encode_body,
-                header,
+                decode_attention.constants_header(
+                    encode.template(dtype, D, KB, VB, True, D == 64)
+                )
+                + header,
                 [(n, types.get(n, "float32")) for n in encode.INPUTS],
                 [("rows", "uint32"), ("exact_keys", dtype), ("exact_values", dtype)],
-                encode.template(dtype, D, KB, VB, True, D == 64),
+                (),
             )
         )
     if args.loops and shutil.which(args.nvdisasm) is None:

@@ -1,14 +1,12 @@
 // One warp per (batch, head, token): rotate, quantize and pack a key and a value
 // vector into one row as codec.TurboCodec.encode does (codec.join_rows: key codes,
 // value codes, a word of both fp16 norms), and keep their exact rotated copies.
-// Lane j holds dims [j * DPL, (j + 1) * DPL). Template constants: T and CODE (D, KB,
-// VB, NW, and whether the key calibration's CENTER and SCALE statistics are present).
+// Lane j holds dims [j * DPL, (j + 1) * DPL). Template values (encode.template, declared
+// in the header): T, D, KB, VB, NW, and whether the key calibration's CENTER and SCALE
+// statistics are inputs.
 // `consts` holds the key signs (D), value signs (D), key boundaries and levels (2^KB - 1
 // and 2^KB where KB > 0), value boundaries and levels (2^VB - 1, 2^VB).
 using namespace turbo;
-constexpr int D = CODE & 1023, KB = (CODE >> 10) & 15, VB = (CODE >> 14) & 15;
-constexpr int NW = (CODE >> 18) & 31;
-constexpr bool CENTER = (CODE >> 23) & 1, SCALE = (CODE >> 24) & 1;
 const float* k_signs = consts;
 const float* v_signs = consts + D;
 const float* k_bounds = consts + 2 * D;

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
 from .build import broadcast_rows, cuda_kernel, included, placeholder
+from .decode_attention import constants_header
 from .dispatch import gpu_backend, use_kernel
 
 WARPS = 4
@@ -24,23 +25,25 @@ INPUTS = ("keys", "values", "key_mean", "key_scale", "consts")
 
 
 @lru_cache(maxsize=None)
-def _kernel():
+def _kernel(constants):
+    """The kernel for the template values ``constants`` (``template``), which its
+    header declares."""
     return cuda_kernel(
         "turbo_encode",
         INPUTS,
         ["rows", "exact_keys", "exact_values"],
         included("encode.cu"),
-        header=included("common.cuh"),
+        header=constants_header(constants) + included("common.cuh"),
     )
 
 
-_PLANS = weakref.WeakKeyDictionary()  # codec -> {batch rows: (inputs, template)}
+_PLANS = weakref.WeakKeyDictionary()  # codec -> {batch rows: (inputs, kernel)}
 
 
 def _plan(codec, B):
     """The inputs after the keys and values (key statistics for B rows, the codec's
-    constants) and the template values of a codec's calls on B rows, built once: on
-    MLX-CUDA the host's time per call counts at every decode step."""
+    constants) and the kernel of a codec's calls on B rows, built once: on MLX-CUDA
+    the host's time per call counts at every decode step."""
     plans = _PLANS.get(codec)
     if plans is None:
         plans = _PLANS[codec] = {}
@@ -52,13 +55,15 @@ def _plan(codec, B):
                 for stat in (codec.key_mean, codec.key_scale)
             ]
             + [_constants(codec)],
-            template(
-                codec.dtype,
-                codec.value_dim,
-                codec.scheme.key_bits,
-                codec.scheme.value_bits,
-                codec.key_mean is not None,
-                codec.key_scale is not None,
+            _kernel(
+                template(
+                    str(codec.dtype).split(".")[-1],
+                    codec.value_dim,
+                    codec.scheme.key_bits,
+                    codec.scheme.value_bits,
+                    codec.key_mean is not None,
+                    codec.key_scale is not None,
+                )
             ),
         )
         mx.eval(plan[0])
@@ -83,22 +88,19 @@ def _constants(codec):
     )
 
 
-@lru_cache(maxsize=None)
 def template(dtype, D, key_bits, value_bits, center, scale):
-    """A variant's template values (one list per variant, built once), the integers
-    packed in one (MLX's host cost of a call grows with its template values)."""
-    return [
+    """A variant's template values (the dtype by name): the head dim, key and value
+    bits, warps a block, and whether the key calibration's mean and scale are inputs.
+    The kernel's header declares them (``constants_header``)."""
+    return (
         ("T", dtype),
-        (
-            "CODE",
-            D
-            | key_bits << 10
-            | value_bits << 14
-            | WARPS << 18
-            | center << 23
-            | scale << 24,
-        ),
-    ]
+        ("D", D),
+        ("KB", key_bits),
+        ("VB", value_bits),
+        ("NW", WARPS),
+        ("CENTER", int(center)),
+        ("SCALE", int(scale)),
+    )
 
 
 def fused_encode(codec, keys, values):
@@ -107,10 +109,9 @@ def fused_encode(codec, keys, values):
         return None
     B, H, L, D = values.shape
     n = B * H * L
-    inputs, variant = _plan(codec, B)
-    rows, exact_keys, exact_values = _kernel()(
+    inputs, kernel = _plan(codec, B)
+    rows, exact_keys, exact_values = kernel(
         inputs=[keys, values, *inputs],
-        template=variant,
         grid=(-(-n // WARPS) * WARPS * 32, 1, 1),
         threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[
