@@ -140,7 +140,7 @@ def test_a_changed_kernel_source_is_compiled_under_a_new_name(monkeypatch):
         )
         decode_attention._kernel(4, False, False, inputs, constants)
         decode_attention._kernel(4, True, False, inputs, constants)
-        encode._kernel()
+        encode._kernel(encode.template("float16", 128, 4, 4, True, False))
         built = names[-3:]
         assert len(set(built)) == 3
         return built
