@@ -27,12 +27,13 @@ using namespace turbo;
 constexpr int ROWS = 16 * MT;  // query rows a warp
 constexpr int BM = ROWS * WARPS;
 constexpr int CH = D / 8;  // 16-byte chunks a row
-// Dynamic shared memory (prefill_attention.shared_bytes): the key tile, the value
-// tile, then the block's queries.
+// Dynamic shared memory (prefill_attention.shared_bytes): two key tiles, two value
+// tiles (tile j + 1 is copied in while tile j is read), then the block's queries.
+constexpr uint32_t TILE_BYTES = BN * D * 2;
 DYNAMIC_SHARED_ARRAY(tiles);
 T* const k_tile = reinterpret_cast<T*>(tiles);
-T* const v_tile = k_tile + BN * D;
-T* const q_tile = v_tile + BN * D;
+T* const v_tile = k_tile + 2 * BN * D;
+T* const q_tile = v_tile + 2 * BN * D;
 
 const int n_tokens = params[0], L = params[1], window = params[2], e0 = params[3];
 const int a0 = params[4], na = params[5], nb = params[6];
@@ -140,15 +141,17 @@ auto load = [&](uint32_t base, const T* src, int n_rows, int rows, int first_row
     cp_async16_at(base + at, from + size_t(sr) * D);
   }
 };
-auto load_keys = [&](int j) {
+// Tile j's keys and values into buffer j % 2.
+auto load_tile = [&](int j) {
   const int start = tile_start(j);
-  if (HAS_A && j < a_tiles) load(k_base, ka + kv_head * a_rows * D, BN, na, start - a0);
-  else load(k_base, kb + kv_head * nb * D, BN, nb, start - e0);
-};
-auto load_values = [&](int j) {
-  const int start = tile_start(j);
-  if (HAS_A && j < a_tiles) load(v_base, va + kv_head * a_rows * D, BN, na, start - a0);
-  else load(v_base, vb + kv_head * nb * D, BN, nb, start - e0);
+  const uint32_t buffer = (j & 1) * TILE_BYTES;
+  if (HAS_A && j < a_tiles) {
+    load(k_base + buffer, ka + kv_head * a_rows * D, BN, na, start - a0);
+    load(v_base + buffer, va + kv_head * a_rows * D, BN, na, start - a0);
+  } else {
+    load(k_base + buffer, kb + kv_head * nb * D, BN, nb, start - e0);
+    load(v_base + buffer, vb + kv_head * nb * D, BN, nb, start - e0);
+  }
 };
 // Whether the query at `pos` reads the key at `key` from this tile's source.
 auto reads = [&](bool from_a, int key, int pos) {
@@ -157,15 +160,22 @@ auto reads = [&](bool from_a, int key, int pos) {
   return key >= e0 && key < e0 + nb && key > pos - window;
 };
 
-// The block's queries (rows past L repeat the last), with the first key tile.
+// The block's queries (rows past L repeat the last), with the first tile.
 load(q_base, q + q_head * D, BM, L, block_q);
-if (n_tiles > 0) load_keys(0);
+if (n_tiles > 0) load_tile(0);
 cp_async_commit();
 for (int j = 0; j < n_tiles; ++j) {
-  load_values(j);
-  cp_async_commit();
-  cp_async_wait<1>();
+  // The next tile's copy runs while this one is read: its buffer's last reader was
+  // tile j - 1, which every warp has finished (the barrier ending each tile).
+  if (j + 1 < n_tiles) {
+    load_tile(j + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
   __syncthreads();
+  const uint32_t buffer = (j & 1) * TILE_BYTES;
 
   // Scores of the warp's rows against the tile's BN keys.
   float s[MT][BN / 8][4];
@@ -182,7 +192,7 @@ for (int j = 0; j < n_tiles; ++j) {
 #pragma unroll
     for (int np = 0; np < BN / 16; ++np) {
       uint32_t kf[4];
-      ldmatrix_x4(kf, k_lane[ks & 3] + np * 16 * D * 2 + (ks >> 2) * 128);
+      ldmatrix_x4(kf, k_lane[ks & 3] + buffer + np * 16 * D * 2 + (ks >> 2) * 128);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         if constexpr (IS_BF16) {
@@ -252,22 +262,13 @@ for (int j = 0; j < n_tiles; ++j) {
     }
   }
 
-  __syncthreads();  // every warp is done with the key tile
-  if (j + 1 < n_tiles) {
-    load_keys(j + 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  __syncthreads();
 
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t vf[4];
-      ldmatrix_x4_trans(vf, v_lane[dp & 3] + kk * 16 * D * 2 + (dp >> 2) * 128);
+      ldmatrix_x4_trans(vf, v_lane[dp & 3] + buffer + kk * 16 * D * 2 + (dp >> 2) * 128);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         if constexpr (IS_BF16) {
@@ -280,7 +281,7 @@ for (int j = 0; j < n_tiles; ++j) {
       }
     }
   }
-  __syncthreads();  // every warp is done with the value tile
+  __syncthreads();  // every warp is done with this tile's buffers
 }
 cp_async_wait<0>();  // the queries' copy, where no tile ran
 

@@ -263,7 +263,7 @@ def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
 
 
 def block_keys(head_dim):
-    """Keys a tile holds: two tiles (keys and values) in 32 KiB of shared memory."""
+    """Keys a tile holds: a tile's keys and values in 32 KiB of shared memory."""
     return 32 if head_dim > 128 else 64
 
 
@@ -279,8 +279,9 @@ def block_queries(head_dim):
 
 
 def shared_bytes(head_dim, dtype):
-    """A block's shared memory: a key tile, a value tile and its queries."""
-    return (2 * block_keys(head_dim) + block_queries(head_dim)) * head_dim * dtype.size
+    """A block's shared memory: two tiles of keys and values (one read while the next
+    is copied in) and its queries."""
+    return (4 * block_keys(head_dim) + block_queries(head_dim)) * head_dim * dtype.size
 
 
 @lru_cache(maxsize=None)
