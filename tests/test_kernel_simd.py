@@ -8,6 +8,7 @@ tolerances); without a GPU, both builds run on the CPU (tests/gpu_on_cpu.py), as
 runs them. On an Apple GPU this file is the run that can verify the Metal build.
 """
 
+import math
 import re
 import shutil
 import tempfile
@@ -347,10 +348,18 @@ def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
     indirect=True,
 )
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
+    # 16000 tokens (8 KV heads, a row group each) take every slice the merge keeps
+    # beside the exact part, each simd-group reading more than one tile of its slice.
     cache = filled_cache(
-        TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
+        TurboQuantKVCache("turbo4"), 16000, 8, 128, mx.float16, chunk=8192
     )
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    n_tokens, groups = view.stored[-1].shape[2], 8
+    has_exact = view.new_keys is not None or view.sinks is not None
+    assert n_tokens >= simd.MIN_SLICE_TOKENS * simd.MAX_PARTS
+    assert math.ceil(simd.TARGET_THREADGROUPS / groups) >= simd.MAX_PARTS
+    slices = simd.MAX_PARTS - has_exact
+    assert math.ceil(n_tokens / slices) > simd.THREADS
     check(monkeypatch, q, view, mask)
 
 
