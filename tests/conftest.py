@@ -10,6 +10,7 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 import subprocess
 
+import helpers
 import mlx.core as mx
 import pytest
 from helpers import ON_CUDA, forget_kernels, relative_error
@@ -50,23 +51,27 @@ def pytest_runtest_protocol(item, nextitem):
 _popen_init = subprocess.Popen.__init__
 
 
-def _guarded_popen_init(self, args, *rest, **options):
+def _check_start(program):
     """A test that starts a process (a command, a server, pip, a compiler) must be
     marked ``slow``. Not counted: the kernels' g++ builds for the CPU
     (tests/gpu_on_cpu.py, kept between runs), and ``git``, which the tools run
     in-process to record the commit (milliseconds, no model loaded)."""
     import gpu_on_cpu
 
-    program = args if isinstance(args, (str, bytes)) else args[0]
     allowed = (str(gpu_on_cpu.COMPILER), "git")
     if not _running["slow"] and str(program) not in allowed:
         raise AssertionError(
             f"this test starts {program!r}: mark it @pytest.mark.slow (a subprocess)"
         )
+
+
+def _guarded_popen_init(self, args, *rest, **options):
+    _check_start(args if isinstance(args, (str, bytes)) else args[0])
     _popen_init(self, args, *rest, **options)
 
 
 subprocess.Popen.__init__ = _guarded_popen_init
+helpers.START_CHECKS.append(_check_start)  # commands forked by a running process too
 
 
 @pytest.fixture

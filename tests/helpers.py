@@ -1,9 +1,12 @@
 """Helpers the test modules share (fixtures stay in conftest.py)."""
 
+import atexit
 import copy
 import itertools
 import json
+import locale
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -94,16 +97,273 @@ def forget_kernels():
 
 
 def run(command, *args, env=None, stdin=None, timeout=240):
+    """``command`` (a console script of this environment) run with ``args``, as
+    ``subprocess.run`` runs it (its output captured as text). An mlx-lm command whose
+    ``env`` sets nothing but MLX_LM_TURBO_DISABLE or MLX_LM_TURBO_KV_SCHEME runs as a
+    child forked by a process of that environment that has imported mlx_lm already
+    (``_Forker``): the state each of these scripts reaches on its first line, for a
+    fraction of the start-up (mlx_lm's import takes over two seconds)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
     full_env.update(env or {})
+    argv = [str(BIN / command), *map(str, args)]
+    for check in START_CHECKS:
+        check(argv[0])
+    if command.split(".")[0] == "mlx_lm" and set(env or {}) <= FORKED_ENV:
+        forker = _forker(full_env)
+        if forker is not None:
+            return forker.run(argv, full_env, stdin, timeout)
     return subprocess.run(
-        [str(BIN / command), *map(str, args)],
+        argv,
         capture_output=True,
         text=True,
         env=full_env,
         input=stdin,
         timeout=timeout,
     )
+
+
+START_CHECKS = []  # each called with the program run() starts (tests/conftest.py)
+# What an environment may set for its mlx-lm commands to be forked: settings read
+# where they are used, not files that a test may rewrite between runs.
+FORKED_ENV = {
+    "MLX_LM_TURBO_DISABLE",
+    "MLX_LM_TURBO_KV_SCHEME",
+    "MLX_LM_TURBO_LOG_BATCHES",
+}
+# The forking process: sys.path as a script of BIN has it, then what each mlx-lm
+# console script does first (``from mlx_lm.X import main`` imports mlx_lm, and with it
+# the plugin's start-up hook attaches); then, for each job, a child that takes the
+# job's working directory, stdin, stdout and stderr and runs the script as Python runs
+# a script (its exit, or its uncaught exception's traceback and status 1). It says
+# "start PID" for each job, "exit PID STATUS" as each child ends.
+FORKER = """
+import json, os, runpy, select, signal, sys, time
+bin_dir, jobs_fd, results_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.argv = [""]
+sys.path[0] = bin_dir
+import mlx_lm
+sys.stdout.flush()
+sys.stderr.flush()
+os.write(results_fd, b"ready\\n")
+children, pending, open_jobs = set(), b"", True
+while open_jobs or children:
+    wait = 0.05 if children else None
+    readable = open_jobs and select.select([jobs_fd], [], [], wait)[0]
+    if not open_jobs:
+        time.sleep(wait)
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            children.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            os.write(results_fd, b"exit %d %d\\n" % (pid, code))
+    if not readable:
+        continue
+    data = os.read(jobs_fd, 65536)
+    if not data:  # the tests are done: end what is still running
+        open_jobs = False
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+    pending += data
+    while b"\\n" in pending:
+        line, pending = pending.split(b"\\n", 1)
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os.close(jobs_fd)
+            os.close(results_fd)
+            os.chdir(job["cwd"])
+            modes = (os.O_RDONLY, os.O_WRONLY | os.O_TRUNC, os.O_WRONLY | os.O_TRUNC)
+            for fd, (path, mode) in enumerate(zip(job["files"], modes)):
+                opened = os.open(path, mode)
+                os.dup2(opened, fd)
+                os.close(opened)
+            import mlx.core
+            mlx.core.random.seed(time.time_ns() % 2**64)  # as a new process seeds it
+            os.environ.pop("PYTEST_CURRENT_TEST", None)
+            os.environ.update(job["env"])
+            sys.argv = job["argv"]
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            sys.exit(0)
+        children.add(pid)
+        os.write(results_fd, b"start %d\\n" % pid)
+"""
+# Set per test by pytest: a child takes the job's value (a forker serves many tests).
+PER_TEST_ENV = {"PYTEST_CURRENT_TEST"}
+_FORKERS = {}  # environment -> its _Forker, or None where it cannot fork as a script
+
+
+def _captured(path):
+    """A file's text as subprocess.run(text=True) decodes output: the locale's
+    encoding, universal newlines."""
+    text = path.read_bytes().decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+class _Forker:
+    """A process of one environment that has imported mlx_lm, forking a child per
+    command (``FORKER``)."""
+
+    def __init__(self, env):
+        import tempfile
+
+        jobs_read, jobs_write = os.pipe()
+        results_read, results_write = os.pipe()
+        self.start_output = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                FORKER,
+                str(BIN),
+                str(jobs_read),
+                str(results_write),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.start_output,
+            stderr=self.start_output,
+            pass_fds=(jobs_read, results_write),
+        )
+        os.close(jobs_read)
+        os.close(results_write)
+        self.jobs = os.fdopen(jobs_write, "w")
+        self.results = results_read
+        self.pending = b""
+        self.exits = {}  # pid -> exit status, as each child ends
+
+    def ready(self):
+        """Whether it started as each script would, saying nothing (anything said at
+        import would be each command's own output)."""
+        try:
+            ready = self._line(time.time() + 120)[0] == "ready"
+        except (RuntimeError, subprocess.TimeoutExpired):
+            ready = False
+        self.start_output.seek(0)
+        return ready and not self.start_output.read()
+
+    def _line(self, deadline):
+        """The next line (a child's exit goes to ``exits`` too)."""
+        import select
+
+        while b"\n" not in self.pending:
+            left = max(0, deadline - time.time())
+            if not select.select([self.results], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("forker", 0)
+            data = os.read(self.results, 4096)
+            if not data:
+                raise RuntimeError("the forking process exited")
+            self.pending += data
+        line, self.pending = self.pending.split(b"\n", 1)
+        word, *values = line.decode().split()
+        if word == "exit":
+            self.exits[int(values[0])] = int(values[1])
+        return word, values
+
+    def start(self, argv, env, files):
+        """The pid of a child running ``argv`` (stdin, stdout, stderr: ``files``)."""
+        job = {
+            "argv": argv,
+            "cwd": os.getcwd(),
+            "files": list(map(str, files)),
+            "env": {k: v for k, v in env.items() if k in PER_TEST_ENV},
+        }
+        self.jobs.write(json.dumps(job) + "\n")
+        self.jobs.flush()
+        deadline = time.time() + 60
+        while True:
+            word, values = self._line(deadline)
+            if word == "start":
+                return int(values[0])
+
+    def wait(self, pid, timeout):
+        """The child's exit status (None if it runs on past ``timeout`` seconds)."""
+        deadline = time.time() + timeout
+        try:
+            while pid not in self.exits:
+                self._line(deadline)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.exits.pop(pid)
+
+    def run(self, argv, env, stdin, timeout):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = [Path(tmp) / name for name in ("stdin", "stdout", "stderr")]
+            for path in files:
+                path.write_text("")
+            if stdin is not None:
+                files[0].write_text(stdin)
+            else:
+                files[0] = Path(os.devnull)
+            pid = self.start(argv, env, files)
+            returncode = self.wait(pid, timeout)
+            if returncode is None:
+                os.kill(pid, signal.SIGKILL)  # as subprocess.run kills its child
+                self.wait(pid, 60)
+                raise subprocess.TimeoutExpired(argv, timeout)
+            stdout, stderr = map(_captured, files[1:])
+        return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+    def close(self):
+        self.jobs.close()
+        os.close(self.results)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class _ForkedProcess:
+    """What Server uses of a Popen (stdout dropped, stderr kept) for a forked child."""
+
+    def __init__(self, forker, argv, env):
+        import tempfile
+
+        self.forker = forker
+        self.tmp = tempfile.TemporaryDirectory()
+        self.stderr_file = Path(self.tmp.name) / "stderr"
+        self.stderr_file.write_text("")
+        files = [os.devnull, os.devnull, self.stderr_file]
+        self.pid = forker.start(argv, env, files)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.forker.wait(self.pid, 0)
+        return self.returncode
+
+    def terminate(self):
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+
+    def communicate(self, timeout=None):
+        if self.returncode is None:
+            self.returncode = self.forker.wait(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.pid, timeout)
+        stderr = _captured(self.stderr_file)
+        self.tmp.cleanup()
+        return None, stderr
+
+
+def _forker(env):
+    key = tuple(sorted((k, v) for k, v in env.items() if k not in PER_TEST_ENV))
+    if key not in _FORKERS:
+        forker = _Forker(dict(key))
+        if not forker.ready():
+            forker.close()
+            forker = None
+        _FORKERS[key] = forker
+    return _FORKERS[key]
+
+
+@atexit.register
+def _close_forkers():
+    for forker in _FORKERS.values():
+        if forker is not None:
+            forker.close()
 
 
 def free_port():
@@ -334,20 +594,22 @@ class Server:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_LM_TURBO")}
         env["MLX_LM_TURBO_LOG_BATCHES"] = "1"
-        self.process = subprocess.Popen(
-            [
-                *command,
-                "--model",
-                str(model),
-                "--port",
-                str(self.port),
-                *args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        argv = [*command, "--model", str(model), "--port", str(self.port), *args]
+        forker = None
+        if list(command) == [str(BIN / "mlx_lm.server")]:  # forked as run() forks
+            for check in START_CHECKS:
+                check(argv[0])
+            forker = _forker(env)
+        if forker is not None:
+            self.process = _ForkedProcess(forker, argv, env)
+        else:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
         deadline = time.time() + 60
         while True:  # ready once it accepts connections
             try:

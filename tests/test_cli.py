@@ -232,7 +232,7 @@ def test_cache_prompt_file_is_small_and_generate_continues_from_it(
 def test_saved_cache_continues_exactly_like_the_one_in_memory(tiny_model, tmp_path):
     model, tokenizer = load(str(tiny_model("llama")))
     cache = make_prompt_cache(model, "turbo4", boundary_skip=0)
-    prompt = tokenizer.encode(" ".join(["hello there"] * 60))
+    prompt = tokenizer.encode(" ".join(["hello there"] * 40))  # 320 tokens
     for _ in stream_generate(
         model, tokenizer, prompt, max_tokens=1, prompt_cache=cache
     ):

@@ -8,6 +8,7 @@ tolerances); without a GPU, both builds run on the CPU (tests/gpu_on_cpu.py), as
 runs them. On an Apple GPU this file is the run that can verify the Metal build.
 """
 
+import math
 import re
 import shutil
 import tempfile
@@ -127,10 +128,15 @@ def test_the_cuda_build_compiles():
         for v in compile_kernels.simd_variants()
         if dict(v[2])["KB"] == 3 and dict(v[2])["L"] == 8 and v[1] != "bool"
     )
+    # Device code only, through ptxas (as MLX-CUDA's NVRTC builds it): -c would add
+    # the host compiler's pass over the same source.
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(compile_kernels.simd_units(*variant)):
-            run = compile_kernels.compile_unit(unit, "sm_90", Path(tmp) / f"{n}.cu")
+            run = compile_kernels.compile_unit(
+                unit, "sm_90", Path(tmp) / f"{n}.cu", Path(tmp) / f"{n}.cubin"
+            )
             assert run.returncode == 0, run.stderr[-4000:]
+            assert "Used" in run.stderr and "registers" in run.stderr  # ptxas ran
 
 
 @pytest.mark.slow  # compiler subprocesses
@@ -141,12 +147,22 @@ def test_the_metal_build_compiles_as_cpp_against_metals_names():
     # type errors, C++ beyond Metal's). A stand-in that hid errors would fail below.
     compile_kernels = scripts_compile_kernels()
     variants = list(compile_kernels.simd_variants())
+    # A unit is a function template and its explicit instantiation for one variant:
+    # the units of one template (one kernel, one signature's types) are checked in one
+    # compiler run, each variant's instantiation checked as in a unit of its own.
+    templates = {}
+    for variant in variants[::23]:  # every dtype, head dim, width and mask kind
+        for unit in compile_kernels.simd_units(*variant, backend="metal"):
+            at = unit.rindex("\ntemplate void ")
+            templates.setdefault(unit[:at], {})[unit[at:]] = None
+    assert len(templates) < sum(map(len, templates.values()))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "unit.cpp"
-        for variant in variants[::23]:  # every dtype, head dim, width and mask kind
-            for unit in compile_kernels.simd_units(*variant, backend="metal"):
-                run = compile_kernels.compile_metal_as_cpp(unit, path)
-                assert run.returncode == 0, run.stderr[-4000:]
+        for template, instances in templates.items():
+            run = compile_kernels.compile_metal_as_cpp(
+                template + "".join(instances), path
+            )
+            assert run.returncode == 0, run.stderr[-4000:]
         broken = unit.replace("BARRIER();", "__syncthreads();", 1)
         assert compile_kernels.compile_metal_as_cpp(broken, path).returncode != 0
 
@@ -347,10 +363,18 @@ def test_recent_tokens_read_exactly_in_the_tail(monkeypatch, L):
     indirect=True,
 )
 def test_decode_after_a_long_context_covers_every_slice(monkeypatch):
+    # 16000 tokens (8 KV heads, a row group each) take every slice the merge keeps
+    # beside the exact part, each simd-group reading more than one tile of its slice.
     cache = filled_cache(
-        TurboQuantKVCache("turbo4"), 40000, 8, 128, mx.float16, chunk=8192
+        TurboQuantKVCache("turbo4"), 16000, 8, 128, mx.float16, chunk=8192
     )
     q, view, mask = step_inputs(cache, 1, 8, 4, 128, mx.float16)
+    n_tokens, groups = view.stored[-1].shape[2], 8
+    has_exact = view.new_keys is not None or view.sinks is not None
+    assert n_tokens >= simd.MIN_SLICE_TOKENS * simd.MAX_PARTS
+    assert math.ceil(simd.TARGET_THREADGROUPS / groups) >= simd.MAX_PARTS
+    slices = simd.MAX_PARTS - has_exact
+    assert math.ceil(n_tokens / slices) > simd.THREADS
     check(monkeypatch, q, view, mask)
 
 

@@ -1488,8 +1488,12 @@ def test_the_fused_kernel_compiles_with_two_tiles_of_query_rows(key_bits):
     )
     unit = compile_kernels.attention_unit(*variant)
     with tempfile.TemporaryDirectory() as tmp:
-        run = compile_kernels.compile_unit(unit, "sm_90", Path(tmp) / "unit.cu")
+        # device code only, through ptxas (which reads the inline PTX), as NVRTC
+        run = compile_kernels.compile_unit(
+            unit, "sm_90", Path(tmp) / "unit.cu", Path(tmp) / "unit.cubin"
+        )
     assert run.returncode == 0, run.stderr[-4000:]
+    assert "Used" in run.stderr and "registers" in run.stderr  # ptxas ran
 
 
 def test_mma_loops_counts_the_loops_holding_tensor_core_instructions_and_inside():
