@@ -6,10 +6,12 @@ import itertools
 import json
 import locale
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -205,8 +207,6 @@ class _Forker:
     command (``FORKER``)."""
 
     def __init__(self, env):
-        import tempfile
-
         jobs_read, jobs_write = os.pipe()
         results_read, results_write = os.pipe()
         self.start_output = tempfile.TemporaryFile()
@@ -244,10 +244,8 @@ class _Forker:
 
     def _line(self, deadline):
         """The next line (a child's exit goes to ``exits`` too)."""
-        import select
-
         while b"\n" not in self.pending:
-            left = max(0, deadline - time.time())
+            left = None if deadline is None else max(0, deadline - time.time())
             if not select.select([self.results], [], [], left)[0]:
                 raise subprocess.TimeoutExpired("forker", 0)
             data = os.read(self.results, 4096)
@@ -277,8 +275,9 @@ class _Forker:
                 return int(values[0])
 
     def wait(self, pid, timeout):
-        """The child's exit status (None if it runs on past ``timeout`` seconds)."""
-        deadline = time.time() + timeout
+        """The child's exit status (None if it runs on past ``timeout`` seconds; with
+        ``timeout`` None, it waits for the child's end)."""
+        deadline = None if timeout is None else time.time() + timeout
         try:
             while pid not in self.exits:
                 self._line(deadline)
@@ -287,8 +286,6 @@ class _Forker:
         return self.exits.pop(pid)
 
     def run(self, argv, env, stdin, timeout):
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             files = [Path(tmp) / name for name in ("stdin", "stdout", "stderr")]
             for path in files:
@@ -319,8 +316,6 @@ class _ForkedProcess:
     """What Server uses of a Popen (stdout dropped, stderr kept) for a forked child."""
 
     def __init__(self, forker, argv, env):
-        import tempfile
-
         self.forker = forker
         self.tmp = tempfile.TemporaryDirectory()
         self.stderr_file = Path(self.tmp.name) / "stderr"

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from ..codec.codebooks import boundaries, codebook
 from .build import broadcast_rows, cuda_kernel, included, placeholder
-from .decode_attention import constants_header
+from .decode_attention import DTYPE_NAMES, constants_header
 from .dispatch import gpu_backend, use_kernel
 
 WARPS = 4
@@ -57,7 +57,7 @@ def _plan(codec, B):
             + [_constants(codec)],
             _kernel(
                 template(
-                    str(codec.dtype).split(".")[-1],
+                    DTYPE_NAMES[codec.dtype],
                     codec.value_dim,
                     codec.scheme.key_bits,
                     codec.scheme.value_bits,

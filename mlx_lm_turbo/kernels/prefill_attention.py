@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..codec.codebooks import codebook
 from .build import cuda_kernel, included
-from .decode_attention import C_TYPES, constants_header
+from .decode_attention import C_TYPES, DTYPE_NAMES, constants_header
 from .dispatch import gpu_backend, use_kernel
 
 WARPS = 4
@@ -203,7 +203,7 @@ def _levels(head_dim, key_bits, value_bits):
 
 @lru_cache(maxsize=None)
 def _dequantizer(dtype, head_dim, key_bits, value_bits, key_words, row_words):
-    T = C_TYPES[str(dtype).split(".")[-1]]
+    T = C_TYPES[DTYPE_NAMES[dtype]]
     outputs = ["values_out", "keys_out"] if key_bits else ["values_out"]
     header = (
         f"using T = {T};\n"
@@ -288,7 +288,7 @@ def shared_bytes(head_dim, dtype):
 def _kernel(dtype, head_dim, names, final):
     """The kernel of a call passing the inputs ``names``; the others are declared as
     null pointers, which the kernel's constants keep it from reading."""
-    T = C_TYPES[str(dtype).split(".")[-1]]
+    T = C_TYPES[DTYPE_NAMES[dtype]]
     outputs = ["out"] if final else ["o_out", "ml_out"]
     absent = "".join(
         f"__device__ {'const ' if n in INPUTS else ''}{_type(n, T)}* const {n} = nullptr;\n"
