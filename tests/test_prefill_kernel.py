@@ -8,11 +8,15 @@ outputs agree within 2e-3 relative (as the decode kernel's). bfloat16 keeps 8 bi
 mantissa for the dequantized keys, values and weights (as cuDNN's flash attention
 does for the weights), where the portable path keeps them in float32: against the
 portable path in float32 within 1.5e-2.
+
+The kernel has two variants, mma.sync (every CUDA GPU) and wgmma (Hopper's warpgroup
+MMA, head dims up to 128): the tests marked ``kernel_variant`` run each, on the CPU
+both, on a GPU the mma.sync variant and, on Hopper, the wgmma one.
 """
 
 import mlx.core as mx
 import pytest
-from helpers import outlier_keys, relative_error, step_inputs
+from helpers import ON_CUDA, outlier_keys, relative_error, step_inputs
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
@@ -20,6 +24,15 @@ from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention, prefill_at
 
 TOLERANCE = 2e-3
 BF16_TOLERANCE = 1.5e-2
+
+
+@pytest.fixture(params=["mma.sync", "wgmma"])
+def kernel_variant(request, monkeypatch):
+    wgmma = request.param == "wgmma"
+    if ON_CUDA and wgmma and not prefill_attention._hopper():
+        pytest.skip("the wgmma variant runs on Hopper GPUs only")
+    monkeypatch.setattr(prefill_attention, "_hopper", lambda: wgmma)
+    return request.param
 
 
 @pytest.mark.usefixtures("cuda_kernels")
@@ -73,7 +86,7 @@ def compare(
     return error
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 @pytest.mark.parametrize(
     "scheme, D, dtype",
     [
@@ -95,13 +108,13 @@ def test_the_first_chunk_and_no_window(monkeypatch):
     compare(monkeypatch, TurboQuantKVCache("turbo4", recent_exact=1), 40, 33)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_history_in_segments(monkeypatch):
     monkeypatch.setattr(prefill_attention, "WORKSPACE_BYTES", 64 * 2 * 2 * 64 * 2)
     compare(monkeypatch, TurboQuantKVCache("turbo4"), 300, 40)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 @pytest.mark.parametrize(
     "scheme, H, G, D",
     [("turbo4", 1, 2, 256), ("turbo2", 1, 4, 128), ("turbo5v3", 4, 1, 64)],
@@ -146,7 +159,7 @@ def outputs_by_chunks(chunk_size, n=144, H=2, G=2, D=64):
     return mx.concatenate(outs, axis=2)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
     monkeypatch.setenv(KERNEL_ENV, "on")
     by_48, by_80 = outputs_by_chunks(48), outputs_by_chunks(80)
@@ -155,7 +168,7 @@ def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
     assert mx.array_equal(by_48, by_80).item()
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
     from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
 
