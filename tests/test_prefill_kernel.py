@@ -14,9 +14,20 @@ MMA, head dims up to 128): the tests marked ``kernel_variant`` run each, on the 
 both, on a GPU the mma.sync variant and, on Hopper, the wgmma one.
 """
 
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
 import mlx.core as mx
 import pytest
-from helpers import ON_CUDA, outlier_keys, relative_error, step_inputs
+from helpers import (
+    ON_CUDA,
+    outlier_keys,
+    relative_error,
+    scripts_compile_kernels,
+    step_inputs,
+)
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
@@ -32,7 +43,17 @@ def kernel_variant(request, monkeypatch):
     if ON_CUDA and wgmma and not prefill_attention._hopper():
         pytest.skip("the wgmma variant runs on Hopper GPUs only")
     monkeypatch.setattr(prefill_attention, "_hopper", lambda: wgmma)
-    return request.param
+    tiling, used = prefill_attention.tiling, []
+    monkeypatch.setattr(
+        prefill_attention,
+        "tiling",
+        lambda head_dim, wgmma: (
+            used.append((head_dim, wgmma)) or tiling(head_dim, wgmma)
+        ),
+    )
+    yield request.param
+    assert used, "no launch"
+    assert all(w == (wgmma and d <= 128) for d, w in used), used
 
 
 @pytest.mark.usefixtures("cuda_kernels")
@@ -195,3 +216,21 @@ def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
             start = max(pad - first, 0)
             error = relative_error(fused[row, :, start:], portable[row, :, start:])
             assert error < TOLERANCE, (row, error)
+
+
+@pytest.mark.slow  # an nvcc subprocess
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_wgmma_variant_compiles_for_hopper_without_spilling():
+    # Where no Hopper GPU runs the tests, ptxas still reads its PTX for sm_90a.
+    compile_kernels = scripts_compile_kernels()
+    variant = next(v for v in compile_kernels.prefill_variants() if v[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        run = compile_kernels.compile_unit(
+            compile_kernels.prefill_unit(*variant),
+            "sm_90a",
+            Path(tmp) / "unit.cu",
+            Path(tmp) / "unit.cubin",
+        )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert re.search(r"Used \d+ registers", run.stderr), run.stderr  # ptxas ran
+    assert " 0 bytes spill stores" in run.stderr, run.stderr

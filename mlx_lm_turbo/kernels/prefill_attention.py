@@ -21,7 +21,7 @@ import mlx.core as mx
 from ..codec.codebooks import codebook
 from .build import cuda_kernel, included
 from .decode_attention import C_TYPES, DTYPE_NAMES, constants_header
-from .dispatch import gpu_backend, use_kernel
+from .dispatch import gpu_backend, kernel_mode, use_kernel
 from .wgmma import wgmma_header
 
 # A segment of dequantized history: 128 MiB of keys and values (32K tokens of 8 KV
@@ -116,8 +116,10 @@ def tiling(head_dim, wgmma):
 def uses_wgmma(head_dim):
     """Whether the warpgroup-MMA variant serves this head dim here: on Hopper GPUs
     (MLX-CUDA compiles for sm_90a there), up to head dim 128 (at 256 its running
-    output alone would take 128 registers a thread)."""
-    return head_dim <= 128 and _hopper()
+    output alone would take 128 registers a thread). Only under
+    ``MLX_LM_TURBO_KERNEL=on`` until its tests and speed have run on a Hopper GPU:
+    its CPU build and a probe of its operand layouts on an H100 are all that have."""
+    return head_dim <= 128 and kernel_mode() == "on" and _hopper()
 
 
 @lru_cache(maxsize=None)
@@ -309,8 +311,22 @@ def _launch(tiles, q, ka, va, kb, vb, state, pads, params, scale, final):
 
 @lru_cache(maxsize=None)
 def _kernel(tiles, dtype, head_dim, names, final):
-    """The kernel of a call passing the inputs ``names``; the others are declared as
-    null pointers, which the kernel's constants keep it from reading."""
+    """The kernel of a call passing the inputs ``names``."""
+    outputs, header = kernel_text(tiles, dtype, head_dim, names, final)
+    return cuda_kernel(
+        "turbo_prefill_attention",
+        list(names),
+        outputs,
+        included("prefill_attention.cu"),
+        header=header,
+        shared_memory=tiles.shared_bytes(head_dim, dtype),
+    )
+
+
+def kernel_text(tiles, dtype, head_dim, names, final):
+    """(output names, header) of ``_kernel``'s variant (scripts/compile_kernels.py
+    compiles them offline): the inputs not in ``names`` are declared as null pointers,
+    which the kernel's constants keep it from reading."""
     T = C_TYPES[DTYPE_NAMES[dtype]]
     outputs = ["out"] if final else ["o_out", "ml_out"]
     absent = "".join(
@@ -348,14 +364,7 @@ def _kernel(tiles, dtype, head_dim, names, final):
         # branches still name them); only the WGMMA variant emits the instructions.
         + wgmma_header((tiles.block_keys, head_dim))
     )
-    return cuda_kernel(
-        "turbo_prefill_attention",
-        list(names),
-        outputs,
-        included("prefill_attention.cu"),
-        header=header,
-        shared_memory=tiles.shared_bytes(head_dim, dtype),
-    )
+    return outputs, header
 
 
 def _type(name, T):
