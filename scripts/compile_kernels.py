@@ -10,6 +10,7 @@ The stand-in header declares what MLX's JIT header provides (Shape, Strides, fp1
     python scripts/compile_kernels.py --variants 72 --warps-per-sm 20 --stage-buffers 1
     python scripts/compile_kernels.py --variants 144 --loops --value-mma-max-dim 128
     python scripts/compile_kernels.py --variants 72 75 --code-hashes  # before/after a move
+    python scripts/compile_kernels.py --prefill  # the prefill kernel (wgmma: sm_90a)
 
 ``--loops`` disassembles each unit (nvdisasm: on PATH, or from the
 ``nvidia-cuda-nvdisasm`` wheel, unpacked with ``--nvdisasm DIR/bin/nvdisasm``) and
@@ -113,6 +114,49 @@ def attention_variants():
             (raw_tail, recent),
             template(dtype, "bool", D, G, L, R, KB, VB, 4, window, flag_bits),
         )
+
+
+def prefill_variants():
+    """(wgmma, dtype, head dim, input names, final) of the prefill kernel's variants:
+    each head dim and dtype once, a first launch over history and tail and a later
+    one passing its state on."""
+    from mlx_lm_turbo.kernels.prefill_attention import INPUTS
+
+    first = tuple(n for n in INPUTS if n not in ("state_o", "state_ml", "pads"))
+    later = tuple(n for n in INPUTS if n not in ("kb", "vb"))
+    for wgmma, (dtype, D, names, final) in itertools.product(
+        (False, True),
+        (
+            ("float16", 128, first, True),
+            ("bfloat16", 128, later, False),
+            ("float16", 64, later, True),
+            ("bfloat16", 256, first, True),
+        ),
+    ):
+        if not (wgmma and D > 128):
+            yield wgmma, dtype, D, names, final
+
+
+def prefill_unit(wgmma, dtype, D, names, final):
+    """The prefill kernel's translation unit for one ``prefill_variants`` item."""
+    import mlx.core as mx
+
+    from mlx_lm_turbo.kernels import prefill_attention
+    from mlx_lm_turbo.kernels.build import included
+
+    outputs, header = prefill_attention.kernel_text(
+        prefill_attention.tiling(D, wgmma), getattr(mx, dtype), D, names, final
+    )
+    types = {"state_o": "float32", "state_ml": "float32", "scale": "float32"}
+    types.update(params="int32", pads="int32", o_out="float32", ml_out="float32")
+    return wrap(
+        "turbo_prefill_attention",
+        included("prefill_attention.cu"),
+        header,
+        [(n, types.get(n, dtype)) for n in names],
+        [(n, types.get(n, dtype)) for n in outputs],
+        (),
+    )
 
 
 def attention_unit(dtype, kind, template):
@@ -432,7 +476,30 @@ def main():
         help="the largest head dim whose values are summed on the tensor cores "
         "(decode_attention.VALUE_MMA_MAX_DIM)",
     )
+    parser.add_argument(
+        "--prefill",
+        action="store_true",
+        help="compile the prefill kernel's variants instead (mma.sync at --arch, "
+        "wgmma at sm_90a)",
+    )
     args = parser.parse_args()
+    if args.prefill:
+        failed = 0
+        with tempfile.TemporaryDirectory() as tmp:
+            for variant in prefill_variants():
+                arch = "sm_90a" if variant[0] else args.arch
+                run = compile_unit(
+                    prefill_unit(*variant), arch, Path(tmp) / "unit.cu", Path(tmp) / "u"
+                )
+                usage = re.findall(
+                    r"\d+ bytes spill stores|Used \d+ registers", run.stderr
+                )
+                name = "wgmma" if variant[0] else "mma.sync"
+                print(name, arch, *variant[1:3], "FAILED" if run.returncode else usage)
+                if run.returncode:
+                    failed = 1
+                    print(run.stderr[:4000])
+        sys.exit(failed)
     if args.simd and args.variants is not None:
         parser.error(
             "--variants numbers the fused kernel's variants; with --simd use --every"

@@ -212,6 +212,75 @@ inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
 
+// wgmma.cuh's warpgroup MMA. A descriptor keeps the whole shared-window address here
+// (the GPU's keeps 18 bits, which name no host address), then lbo / 16 and sbo / 16.
+inline uint64_t smem_desc(uint32_t address, uint32_t lbo, uint32_t sbo) {
+  return uint64_t(address) | uint64_t(lbo >> 4) << 32 | uint64_t(sbo >> 4) << 48;
+}
+inline void fence_async_shared() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+template <typename R, int NB>
+inline void fence_registers(R (&)[NB][4]) {}
+
+// Element (mn, k) of an operand in the core-matrix layout (wgmma.cuh): a K-major one's
+// core-matrix rows are its M or N index, an MN-major one's its K index.
+template <bool BF16>
+inline float desc_element(uint64_t desc, int mn, int k, bool mn_major) {
+  using namespace gpu_on_cpu;
+  const uint32_t lbo = uint32_t(desc >> 32 & 0xffff) << 4, sbo = uint32_t(desc >> 48) << 4;
+  const uint32_t at = uint32_t(desc) + (mn / 8) * sbo + (k / 8) * lbo +
+                      (mn_major ? (k % 8) * 16 + (mn % 8) * 2 : (mn % 8) * 16 + (k % 8) * 2);
+  uint16_t bits;
+  std::memcpy(&bits, shared_host(at), 2);
+  return BF16 ? bf16_to_float(bits) : half_to_float(bits);
+}
+
+// D (64 x N) += A (64 x 16) x B (16 x N) for a warpgroup; this thread's part of D as
+// mma.sync's C fragments of its warp's 16 rows, n-tile by n-tile. A and B in shared
+// memory, both K-major.
+template <bool BF16, int NB>
+inline void wgmma_ss(float (&d)[NB][4], uint64_t a, uint64_t b, int accumulate) {
+  using namespace gpu_on_cpu;
+  const int w = current->warp % 4, g = current->lane >> 2, t = current->lane & 3;
+  for (int n = 0; n < NB; ++n) {
+    for (int c = 0; c < 4; ++c) {
+      const int row = 16 * w + g + 8 * (c >> 1), col = 8 * n + 2 * t + (c & 1);
+      float sum = accumulate ? d[n][c] : 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        sum += desc_element<BF16>(a, row, k, false) * desc_element<BF16>(b, col, k, false);
+      }
+      d[n][c] = sum;
+    }
+  }
+}
+
+// The same with A in registers (mma.sync's m16n8k16 A fragments of the warp's rows,
+// exchanged as mma_16816's are) and B MN-major.
+template <bool BF16, int NB>
+inline void wgmma_rs_trans_b(float (&d)[NB][4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  using namespace gpu_on_cpu;
+  Warp& w = my_warp();
+  const int lane = current->lane, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t bits = uint16_t(a[i / 2] >> (16 * (i & 1)));
+    w.mma[lane][i] = BF16 ? bf16_to_float(bits) : half_to_float(bits);
+  }
+  arrive(w.group);
+  auto A = [&](int row, int k) { return w.mma[4 * (row % 8) + (k % 8) / 2][2 * ((row >= 8) + 2 * (k >= 8)) + (k & 1)]; };
+  for (int n = 0; n < NB; ++n) {
+    for (int c = 0; c < 4; ++c) {
+      const int row = g + 8 * (c >> 1), col = 8 * n + 2 * t + (c & 1);
+      float sum = accumulate ? d[n][c] : 0.0f;
+      for (int k = 0; k < 16; ++k) sum += A(row, k) * desc_element<BF16>(b, col, k, true);
+      d[n][c] = sum;
+    }
+  }
+  arrive(w.group);
+}
+
 inline uint32_t sm_index() { return 0; }
 inline uint64_t global_time_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -8,11 +8,26 @@ outputs agree within 2e-3 relative (as the decode kernel's). bfloat16 keeps 8 bi
 mantissa for the dequantized keys, values and weights (as cuDNN's flash attention
 does for the weights), where the portable path keeps them in float32: against the
 portable path in float32 within 1.5e-2.
+
+The kernel has two variants, mma.sync (every CUDA GPU) and wgmma (Hopper's warpgroup
+MMA, head dims up to 128): the tests marked ``kernel_variant`` run each, on the CPU
+both, on a GPU the mma.sync variant and, on Hopper, the wgmma one.
 """
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from helpers import outlier_keys, relative_error, step_inputs
+from helpers import (
+    ON_CUDA,
+    outlier_keys,
+    relative_error,
+    scripts_compile_kernels,
+    step_inputs,
+)
 
 from mlx_lm_turbo import TurboQuantKVCache, TurboQuantRotatingKVCache, parse_scheme
 from mlx_lm_turbo.cache.attention import turbo_scaled_dot_product_attention
@@ -20,6 +35,25 @@ from mlx_lm_turbo.kernels import KERNEL_ENV, fused_prefill_attention, prefill_at
 
 TOLERANCE = 2e-3
 BF16_TOLERANCE = 1.5e-2
+
+
+@pytest.fixture(params=["mma.sync", "wgmma"])
+def kernel_variant(request, monkeypatch):
+    wgmma = request.param == "wgmma"
+    if ON_CUDA and wgmma and not prefill_attention._hopper():
+        pytest.skip("the wgmma variant runs on Hopper GPUs only")
+    monkeypatch.setattr(prefill_attention, "_hopper", lambda: wgmma)
+    tiling, used = prefill_attention.tiling, []
+    monkeypatch.setattr(
+        prefill_attention,
+        "tiling",
+        lambda head_dim, wgmma: (
+            used.append((head_dim, wgmma)) or tiling(head_dim, wgmma)
+        ),
+    )
+    yield request.param
+    assert used, "no launch"
+    assert all(w == (wgmma and d <= 128) for d, w in used), used
 
 
 @pytest.mark.usefixtures("cuda_kernels")
@@ -73,7 +107,7 @@ def compare(
     return error
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 @pytest.mark.parametrize(
     "scheme, D, dtype",
     [
@@ -95,13 +129,13 @@ def test_the_first_chunk_and_no_window(monkeypatch):
     compare(monkeypatch, TurboQuantKVCache("turbo4", recent_exact=1), 40, 33)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_history_in_segments(monkeypatch):
     monkeypatch.setattr(prefill_attention, "WORKSPACE_BYTES", 64 * 2 * 2 * 64 * 2)
     compare(monkeypatch, TurboQuantKVCache("turbo4"), 300, 40)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 @pytest.mark.parametrize(
     "scheme, H, G, D",
     [("turbo4", 1, 2, 256), ("turbo2", 1, 4, 128), ("turbo5v3", 4, 1, 64)],
@@ -146,7 +180,7 @@ def outputs_by_chunks(chunk_size, n=144, H=2, G=2, D=64):
     return mx.concatenate(outs, axis=2)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
     monkeypatch.setenv(KERNEL_ENV, "on")
     by_48, by_80 = outputs_by_chunks(48), outputs_by_chunks(80)
@@ -155,7 +189,7 @@ def test_outputs_do_not_depend_on_the_chunking(monkeypatch, kernel_calls):
     assert mx.array_equal(by_48, by_80).item()
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
     from mlx_lm_turbo.cache.kv_cache import TurboQuantBatchKVCache
 
@@ -182,3 +216,21 @@ def test_batch_rows_of_different_lengths(monkeypatch, kernel_calls):
             start = max(pad - first, 0)
             error = relative_error(fused[row, :, start:], portable[row, :, start:])
             assert error < TOLERANCE, (row, error)
+
+
+@pytest.mark.slow  # an nvcc subprocess
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_wgmma_variant_compiles_for_hopper_without_spilling():
+    # Where no Hopper GPU runs the tests, ptxas still reads its PTX for sm_90a.
+    compile_kernels = scripts_compile_kernels()
+    variant = next(v for v in compile_kernels.prefill_variants() if v[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        run = compile_kernels.compile_unit(
+            compile_kernels.prefill_unit(*variant),
+            "sm_90a",
+            Path(tmp) / "unit.cu",
+            Path(tmp) / "unit.cubin",
+        )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert re.search(r"Used \d+ registers", run.stderr), run.stderr  # ptxas ran
+    assert " 0 bytes spill stores" in run.stderr, run.stderr

@@ -21,12 +21,19 @@
 // STATE_IN: start from `state_o` (unnormalised output, float32) and `state_ml` (max in
 // log2 units, sum) of an earlier launch over other positions; FINAL: write `out`
 // (normalised, T), else the state (`o_out`, `ml_out`) for the next launch.
-// The header's constants: T (query dtype), IS_BF16, D, BN, MT, WARPS, HAS_A, HAS_B,
-// STATE_IN, HAS_PADS, FINAL.
+// WGMMA (Hopper, sm_90a; wgmma.cuh): each warpgroup of four warps runs its 64 query
+// rows' products as warpgroup MMAs straight from shared memory (queries and keys) and
+// from registers (softmax weights), tiles held in the core-matrix layout (a 16-byte
+// chunk's place is its copy's index); otherwise each warp runs mma.sync from
+// ldmatrix fragments of XOR-swizzled rows. Both hold a warp's scores and running
+// output in the same fragment layout, so the softmax is one code.
+// The header's constants: T (query dtype), IS_BF16, WGMMA, D, BN, MT, WARPS, HAS_A,
+// HAS_B, STATE_IN, HAS_PADS, FINAL.
 using namespace turbo;
 constexpr int ROWS = 16 * MT;  // query rows a warp
 constexpr int BM = ROWS * WARPS;
 constexpr int CH = D / 8;  // 16-byte chunks a row
+static_assert(!WGMMA || (MT == 1 && WARPS % 4 == 0), "a warpgroup's warps hold 16 rows each");
 // Dynamic shared memory (prefill_attention.shared_bytes): two key tiles, two value
 // tiles (tile j + 1 is copied in while tile j is read), then the block's queries.
 constexpr uint32_t TILE_BYTES = BN * D * 2;
@@ -127,9 +134,22 @@ uint32_t q_lane[4], k_lane[4], v_lane[4];
 auto tile_start = [&](int j) { return j < a_tiles ? a_from + j * BN : b_from + (j - a_tiles) * BN; };
 // A tile's copy: each thread copies the same chunk column of every RPP-th row.
 constexpr int THREADS = 32 * WARPS, RPP = THREADS / CH;
-static_assert(BN % RPP == 0 && BM % RPP == 0, "a tile is whole passes of the block's threads");
+static_assert(BN % RPP == 0 && BM % RPP == 0 && BN * CH % THREADS == 0 && BM * CH % THREADS == 0,
+              "a tile is whole passes of the block's threads");
 const int my_ch = threadIdx.x % CH, my_row = threadIdx.x / CH;
 auto load = [&](uint32_t base, const T* src, int n_rows, int rows, int first_row) {
+  if constexpr (WGMMA) {
+    // Chunk `at` of the tile: row (at / 8CH) * 8 + at % 8, chunk (at / 8) % CH, so
+    // each core matrix (8 rows of a chunk column) is 128 contiguous bytes.
+#pragma unroll
+    for (int i = 0; i < n_rows * CH / THREADS; ++i) {
+      const int at = threadIdx.x + i * THREADS;
+      const int row = at / (8 * CH) * 8 + at % 8, ch = at / 8 % CH;
+      const int sr = min(max(first_row + row, 0), rows - 1);  // outside: masked below
+      cp_async16_at(base + at * 16, src + size_t(sr) * D + ch * 8);
+    }
+    return;
+  }
   const T* from = src + my_ch * 8;
 #pragma unroll
   for (int i = 0; i < n_rows / RPP; ++i) {
@@ -174,6 +194,7 @@ for (int j = 0; j < n_tiles; ++j) {
   } else {
     cp_async_wait<0>();
   }
+  if constexpr (WGMMA) fence_async_shared();
   __syncthreads();
   const uint32_t buffer = (j & 1) * TILE_BYTES;
 
@@ -184,8 +205,23 @@ for (int j = 0; j < n_tiles; ++j) {
 #pragma unroll
     for (int n = 0; n < BN / 8; ++n) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
   }
+  if constexpr (WGMMA) {
+    // K-major queries and keys: a k-step is two chunk columns (256 bytes on), a
+    // row group (8 rows) is CH core matrices (D * 16 bytes).
+    const uint32_t q_rows = q_base + warp / 4 * 64 * D * 2;
+    fence_registers(s[0]);
+    wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 0; ks < D / 16; ++ks) {
+      wgmma_ss<IS_BF16>(s[0], smem_desc(q_rows + ks * 256, 128, D * 16),
+                        smem_desc(k_base + buffer + ks * 256, 128, D * 16), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s[0]);
+  }
+#pragma unroll
+  for (int ks = 0; !WGMMA && ks < D / 16; ++ks) {
     uint32_t qf[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i) ldmatrix_x4(qf[i], q_lane[ks & 3] + i * 16 * D * 2 + (ks >> 2) * 128);
@@ -263,8 +299,22 @@ for (int j = 0; j < n_tiles; ++j) {
   }
 
 
+  if constexpr (WGMMA) {
+    // The values as an MN-major operand: a k-step is 16 keys (two row groups on),
+    // the next 8 dims the next core matrix (128 bytes on).
+    fence_registers(o[0]);
+    fence_registers(pf[0]);
+    wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      wgmma_rs_trans_b<IS_BF16>(o[0], pf[0][kk], smem_desc(v_base + buffer + kk * 32 * D, D * 16, 128), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o[0]);
+  }
+#pragma unroll
+  for (int kk = 0; !WGMMA && kk < BN / 16; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t vf[4];

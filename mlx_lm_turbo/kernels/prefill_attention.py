@@ -14,18 +14,16 @@ context, and the cache never holds an fp16 copy of its history.
 """
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import mlx.core as mx
 
 from ..codec.codebooks import codebook
 from .build import cuda_kernel, included
 from .decode_attention import C_TYPES, DTYPE_NAMES, constants_header
-from .dispatch import gpu_backend, use_kernel
+from .dispatch import gpu_backend, kernel_mode, use_kernel
+from .wgmma import wgmma_header
 
-WARPS = 4
-# Blocks an SM holds at once: the registers a thread may use are 64K / (threads x
-# blocks) (2: up to 255).
-BLOCKS_PER_SM = 2
 # A segment of dequantized history: 128 MiB of keys and values (32K tokens of 8 KV
 # heads of 128 dims in fp16).
 WORKSPACE_BYTES = 128 << 20
@@ -82,11 +80,59 @@ def segment_tokens(codec, batch, dtype):
     return max(64, WORKSPACE_BYTES // (per_token * dtype.size))
 
 
+class Tiling(NamedTuple):
+    """A kernel variant's blocks: ``warps`` warps of 16 x ``m_tiles`` query rows each,
+    tiles of ``block_keys`` keys, ``blocks_per_sm`` blocks an SM holds at once (the
+    registers a thread may use are 64K / (threads x blocks))."""
+
+    wgmma: bool
+    warps: int
+    m_tiles: int
+    block_keys: int
+    blocks_per_sm: int
+
+    @property
+    def block_queries(self):
+        return 16 * self.m_tiles * self.warps
+
+    def shared_bytes(self, head_dim, dtype):
+        """Two tiles of keys and values (one read while the next is copied in) and
+        the block's queries."""
+        return (4 * self.block_keys + self.block_queries) * head_dim * dtype.size
+
+
+def tiling(head_dim, wgmma):
+    if wgmma:
+        # Two warpgroups of 64 rows; at head dim 128 the tiles take 160 KiB of shared
+        # memory and a thread's scores and running output 128 registers.
+        return Tiling(True, 8, 1, 128, 1)
+    if head_dim > 128:
+        return Tiling(False, 4, 1, 32, 2)
+    # Two m-tiles a warp, where 32 rows' running output fits the registers: each key
+    # and value fragment loaded from shared memory feeds two tensor-core products.
+    return Tiling(False, 4, 2, 64, 2)
+
+
+def uses_wgmma(head_dim):
+    """Whether the warpgroup-MMA variant serves this head dim here: on Hopper GPUs
+    (MLX-CUDA compiles for sm_90a there), up to head dim 128 (at 256 its running
+    output alone would take 128 registers a thread). Only under
+    ``MLX_LM_TURBO_KERNEL=on`` until its tests and speed have run on a Hopper GPU:
+    its CPU build and a probe of its operand layouts on an H100 are all that have."""
+    return head_dim <= 128 and kernel_mode() == "on" and _hopper()
+
+
+@lru_cache(maxsize=None)
+def _hopper():
+    return gpu_backend() == "cuda" and mx.device_info().get("architecture") == "sm_90"
+
+
 def prefill_attention(queries, kv, scale, mask, left_padding=None):
     """The launches for a call ``call_support`` accepts (on any backend whose
     ``mx.fast.cuda_kernel`` runs them: the tests run them on the CPU)."""
     codec = kv.codec
     B, Hq, L, D = queries.shape
+    tiles = tiling(D, uses_wgmma(D))
     Hkv = codec.n_kv_heads
     n_tokens = kv.shape[2]
     n_exact = kv.new_keys.shape[2]
@@ -119,6 +165,7 @@ def prefill_attention(queries, kv, scale, mask, left_padding=None):
             mx.int32,
         )
         outputs = _launch(
+            tiles,
             q,
             ka,
             va,
@@ -237,7 +284,7 @@ def with_sinks(dense, sink, positions):
     return mx.put_along_axis(dense, index, sink.astype(dense.dtype), axis=2)
 
 
-def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
+def _launch(tiles, q, ka, va, kb, vb, state, pads, params, scale, final):
     B, Hq, L, D = q.shape
     given = {"q": q, "params": params, "scale": scale}
     if ka is not None:
@@ -253,41 +300,33 @@ def _launch(q, ka, va, kb, vb, state, pads, params, scale, final):
         shapes, dtypes = [q.shape], [q.dtype]
     else:
         shapes, dtypes = [q.shape, (B, Hq, L, 2)], [mx.float32, mx.float32]
-    return _kernel(q.dtype, D, names, final)(
+    return _kernel(tiles, q.dtype, D, names, final)(
         inputs=[given[n] for n in names],
-        grid=(Hq * 32 * WARPS, -(-L // block_queries(D)), B),
-        threadgroup=(32 * WARPS, 1, 1),
+        grid=(Hq * 32 * tiles.warps, -(-L // tiles.block_queries), B),
+        threadgroup=(32 * tiles.warps, 1, 1),
         output_shapes=shapes,
         output_dtypes=dtypes,
     )
 
 
-def block_keys(head_dim):
-    """Keys a tile holds: a tile's keys and values in 32 KiB of shared memory."""
-    return 32 if head_dim > 128 else 64
-
-
-def m_tiles(head_dim):
-    """16-row m-tiles a warp holds: two up to head dim 128, where the running output
-    of 32 rows fits the registers, so each key and value fragment loaded from shared
-    memory feeds two tensor-core products."""
-    return 1 if head_dim > 128 else 2
-
-
-def block_queries(head_dim):
-    return 16 * m_tiles(head_dim) * WARPS
-
-
-def shared_bytes(head_dim, dtype):
-    """A block's shared memory: two tiles of keys and values (one read while the next
-    is copied in) and its queries."""
-    return (4 * block_keys(head_dim) + block_queries(head_dim)) * head_dim * dtype.size
-
-
 @lru_cache(maxsize=None)
-def _kernel(dtype, head_dim, names, final):
-    """The kernel of a call passing the inputs ``names``; the others are declared as
-    null pointers, which the kernel's constants keep it from reading."""
+def _kernel(tiles, dtype, head_dim, names, final):
+    """The kernel of a call passing the inputs ``names``."""
+    outputs, header = kernel_text(tiles, dtype, head_dim, names, final)
+    return cuda_kernel(
+        "turbo_prefill_attention",
+        list(names),
+        outputs,
+        included("prefill_attention.cu"),
+        header=header,
+        shared_memory=tiles.shared_bytes(head_dim, dtype),
+    )
+
+
+def kernel_text(tiles, dtype, head_dim, names, final):
+    """(output names, header) of ``_kernel``'s variant (scripts/compile_kernels.py
+    compiles them offline): the inputs not in ``names`` are declared as null pointers,
+    which the kernel's constants keep it from reading."""
     T = C_TYPES[DTYPE_NAMES[dtype]]
     outputs = ["out"] if final else ["o_out", "ml_out"]
     absent = "".join(
@@ -297,20 +336,21 @@ def _kernel(dtype, head_dim, names, final):
     )
     constants = (
         ("D", head_dim),
-        ("BN", block_keys(head_dim)),
-        ("MT", m_tiles(head_dim)),
-        ("WARPS", WARPS),
+        ("BN", tiles.block_keys),
+        ("MT", tiles.m_tiles),
+        ("WARPS", tiles.warps),
     )
     header = (
         "#undef __global__\n"
         "#define __global__ __location__(global) "
-        f"__launch_bounds__({32 * WARPS}, {BLOCKS_PER_SM})\n"
+        f"__launch_bounds__({32 * tiles.warps}, {tiles.blocks_per_sm})\n"
         f"using T = {T};\n"
         + constants_header(constants)
-        + f"constexpr bool IS_BF16 = {str(dtype == mx.bfloat16).lower()};\n"
         + "".join(
             f"constexpr bool {name} = {str(value).lower()};\n"
             for name, value in (
+                ("IS_BF16", dtype == mx.bfloat16),
+                ("WGMMA", tiles.wgmma),
                 ("HAS_A", "ka" in names),
                 ("HAS_B", "kb" in names),
                 ("STATE_IN", "state_o" in names),
@@ -320,15 +360,11 @@ def _kernel(dtype, head_dim, names, final):
         )
         + absent
         + included("common.cuh")
+        # Declared in both variants (the kernel is one function, whose discarded
+        # branches still name them); only the WGMMA variant emits the instructions.
+        + wgmma_header((tiles.block_keys, head_dim))
     )
-    return cuda_kernel(
-        "turbo_prefill_attention",
-        list(names),
-        outputs,
-        included("prefill_attention.cu"),
-        header=header,
-        shared_memory=shared_bytes(head_dim, dtype),
-    )
+    return outputs, header
 
 
 def _type(name, T):
