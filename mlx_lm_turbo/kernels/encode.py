@@ -43,7 +43,10 @@ _PLANS = weakref.WeakKeyDictionary()  # codec -> {batch rows: (inputs, kernel)}
 def _plan(codec, B):
     """The inputs after the keys and values (key statistics for B rows, the codec's
     constants) and the kernel of a codec's calls on B rows, built once: on MLX-CUDA
-    the host's time per call counts at every decode step."""
+    the host's time per call counts at every decode step. The inputs are left lazy:
+    the first call's launch evaluates them with its own graph. (Evaluating them here
+    would make a prompt's first chunk wait, at every layer, for all the work queued
+    before: the statistics are measured on the layer's keys.)"""
     plans = _PLANS.get(codec)
     if plans is None:
         plans = _PLANS[codec] = {}
@@ -66,7 +69,6 @@ def _plan(codec, B):
                 )
             ),
         )
-        mx.eval(plan[0])
     return plan
 
 
