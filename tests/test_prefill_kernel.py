@@ -123,7 +123,7 @@ def test_a_chunk_after_a_history_matches_the_portable_path(
     compare(monkeypatch, TurboQuantKVCache(scheme), 150, 70, D=D, dtype=dtype, step=64)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_the_first_chunk_and_no_window(monkeypatch):
     compare(monkeypatch, TurboQuantKVCache("turbo4"), 0, 90)
     compare(monkeypatch, TurboQuantKVCache("turbo4", recent_exact=1), 40, 33)
@@ -144,7 +144,7 @@ def test_head_dims_and_gqa(monkeypatch, scheme, H, G, D):
     compare(monkeypatch, TurboQuantKVCache(scheme), 80, 40, H=H, G=G, D=D, step=40)
 
 
-@pytest.mark.usefixtures("cuda_kernels")
+@pytest.mark.usefixtures("cuda_kernels", "kernel_variant")
 def test_a_sliding_window_cache_within_its_window(monkeypatch):
     compare(monkeypatch, TurboQuantRotatingKVCache("turbo4", max_size=512), 100, 50)
 
