@@ -15,8 +15,10 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -211,24 +213,14 @@ class EmulatedKernel:
         return library
 
     def _load(self, program):
-        digest = hashlib.sha256(
-            "\0".join([*COMMAND, platform.node(), program]).encode()
-            + SHIMS[self.backend].read_bytes()
-            + RUNTIME.read_bytes()
-            + _included_text(program)
-        ).hexdigest()[:24]
-        path = build_dir() / f"{self.name[:40]}_{digest}.so"
+        # the name's own digest (build.py's) covers the path of the sources it includes
+        stem = re.sub(r"_[0-9a-f]{16}$", "", self.name)[:40]
+        path = build_dir() / f"{stem}_{_digest(program.replace(self.name, stem))}.so"
         if not path.exists():
             src = path.with_suffix(".cpp")
             src.write_text(program)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            command = [COMPILER, *COMMAND, "-o", str(partial), str(src)]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"g++ could not build {self.name} for the CPU:\n{done.stderr[-4000:]}"
-                )
-            partial.replace(path)
+            header = _precompiled_shim(self.backend)
+            _compile(self.name, ["-include", str(header), str(src)], path)
         library = ctypes.CDLL(str(path))
         library.launch.restype = None
         return library
@@ -327,14 +319,52 @@ def _to_mlx(raw, shape, dtype):
     return mx.view(array, dtype) if dtype in NUMPY_VIEW else array
 
 
-def _included_text(program):
-    """The files a program #includes by absolute path (the kernels' sources): part of
-    its digest, so an edited kernel is built again."""
-    text = b""
-    for line in program.splitlines():
+@lru_cache(maxsize=None)
+def _precompiled_shim(backend):
+    """A header that includes ``backend``'s shim, precompiled (g++ takes it first, with
+    -include): the shim, the runtime and the standard headers they include were half
+    of each build's time. Its digest covers the shim's path, which the programs
+    #include again (#pragma once skips it there only where the path is the same)."""
+    shim = SHIMS[backend]
+    digest = hashlib.sha256(
+        "\0".join([*COMMAND, platform.node(), str(shim), ""]).encode()
+        + shim.read_bytes()
+        + RUNTIME.read_bytes()
+    ).hexdigest()[:24]
+    header = build_dir() / f"{backend}_on_cpu_{digest}.h"
+    precompiled = Path(f"{header}.gch")
+    if not precompiled.exists():
+        partial = header.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(f'#include "{shim}"\n')
+        partial.replace(header)
+        _compile(shim.name, ["-x", "c++-header", str(header)], precompiled)
+    return header
+
+
+def _compile(name, arguments, path):
+    """g++ with ``arguments``, its output written to ``path`` (whole or not at all)."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    command = [COMPILER, *COMMAND, *arguments, "-o", str(partial)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"g++ could not build {name} for the CPU:\n{done.stderr[-4000:]}"
+        )
+    partial.replace(path)
+
+
+def _digest(program):
+    """A digest of what g++ reads to build ``program``: the text of each file it
+    #includes by absolute path (the shim, the kernels' sources) in place of the path, so
+    an edited kernel is built again and a clone at another path finds the same builds."""
+    digest = hashlib.sha256("\0".join([*COMMAND, platform.node(), ""]).encode())
+    for line in program.splitlines(keepends=True):
         if line.startswith('#include "/'):
-            text += Path(line.split('"')[1]).read_bytes()
-    return text
+            digest.update(Path(line.split('"')[1]).read_bytes())
+        else:
+            digest.update(line.encode())
+    digest.update(RUNTIME.read_bytes())
+    return digest.hexdigest()[:24]
 
 
 def cuda_kernel(name, input_names, output_names, source, header="", **options):
