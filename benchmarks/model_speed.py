@@ -46,6 +46,7 @@ import gc
 import importlib
 import importlib.metadata
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -451,6 +452,10 @@ def main(argv=None):
         },
         "commit": git_commit(),
         "command": shlex.join(["python", "benchmarks/model_speed.py", *argv]),
+        # the plugin's settings the run saw (MLX_LM_TURBO_KERNEL=on: unverified kernels)
+        "environment": {
+            k: v for k, v in os.environ.items() if k.startswith("MLX_LM_TURBO_")
+        },
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         "config": {**vars(args), "json": str(args.json), "model": config},
         "runs": [],
@@ -525,6 +530,7 @@ def main(argv=None):
         f"{args.decode_tokens} decode tokens, prefill step {args.prefill_step_size}; "
         f"{device}; mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}, commit "
         f"{results['commit']}; medians over {args.rounds} round(s)"
+        + "".join(f"; {k}={v}" for k, v in sorted(results["environment"].items()))
     )
     print(table(results["medians"], args.batch))
     print(
