@@ -426,6 +426,13 @@ def list_shapes():
         )
 
 
+def _platform():
+    """System, release and machine (platform.platform() starts ``uname -p`` for the
+    processor's name)."""
+    u = platform.uname()
+    return f"{u.system}-{u.release}-{u.machine}"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = setup_arg_parser()
@@ -441,9 +448,9 @@ def main(argv=None):
         config["num_hidden_layers"] = args.layers
     caches = ["fp16", *dict.fromkeys(args.schemes)]
     info = mx.device_info()
-    device = f"{info.get('device_name', platform.processor())} ({mx.default_device()})"
+    device = f"{info.get('device_name') or platform.machine()} ({mx.default_device()})"
     results = {
-        "device": {"name": device, "platform": platform.platform(), **info},
+        "device": {"name": device, "platform": _platform(), **info},
         "versions": {
             "mlx": mx.__version__,
             "mlx_lm": mlx_lm.__version__,
