@@ -34,7 +34,7 @@ constexpr int ROWS = 16 * MT;  // query rows a warp
 constexpr int BM = ROWS * WARPS;
 constexpr int CH = D / 8;  // 16-byte chunks a row
 static_assert(!WGMMA || (MT == 1 && WARPS % 4 == 0), "a warpgroup's warps hold 16 rows each");
-// Dynamic shared memory (prefill_attention.shared_bytes): two key tiles, two value
+// Dynamic shared memory (prefill_attention.Tiling.shared_bytes): two key tiles, two value
 // tiles (tile j + 1 is copied in while tile j is read), then the block's queries.
 constexpr uint32_t TILE_BYTES = BN * D * 2;
 DYNAMIC_SHARED_ARRAY(tiles);
