@@ -342,11 +342,11 @@ def compile_metal_as_cpp(unit, path):
     )
 
 
-def compile_unit(unit, arch, path, cubin=None):
-    """nvcc's run on one translation unit written to ``path`` (the binary to ``cubin``
-    where given)."""
+def compile_unit(unit, arch, path, cubin):
+    """nvcc's run on one translation unit written to ``path``, its device code only
+    (the binary to ``cubin``), through ptxas as MLX-CUDA's NVRTC builds it."""
     path.write_text(unit)
-    output = ["-cubin", "-o", str(cubin)] if cubin else ["-c", "-o", "/dev/null"]
+    output = ["-cubin", "-o", str(cubin)]
     return subprocess.run(
         ["nvcc", "-std=c++17", f"-arch={arch}", *output, "--resource-usage", str(path)],
         capture_output=True,
@@ -485,20 +485,12 @@ def main():
     args = parser.parse_args()
     if args.prefill:
         failed = 0
-        with tempfile.TemporaryDirectory() as tmp:
-            for variant in prefill_variants():
-                arch = "sm_90a" if variant[0] else args.arch
-                run = compile_unit(
-                    prefill_unit(*variant), arch, Path(tmp) / "unit.cu", Path(tmp) / "u"
-                )
-                usage = re.findall(
-                    r"\d+ bytes spill stores|Used \d+ registers", run.stderr
-                )
-                name = "wgmma" if variant[0] else "mma.sync"
-                print(name, arch, *variant[1:3], "FAILED" if run.returncode else usage)
-                if run.returncode:
-                    failed = 1
-                    print(run.stderr[:4000])
+        for variant in prefill_variants():
+            arch = "sm_90a" if variant[0] else args.arch
+            print(
+                "wgmma" if variant[0] else "mma.sync", arch, *variant[1:3], variant[4]
+            )
+            failed |= compile_all([prefill_unit(*variant)], arch)
         sys.exit(failed)
     if args.simd and args.variants is not None:
         parser.error(
@@ -585,7 +577,7 @@ def compile_all(
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, unit in enumerate(units):
-            cubin = Path(tmp) / f"unit{n}.cubin" if nvdisasm or hashes else None
+            cubin = Path(tmp) / f"unit{n}.cubin"
             if metal_as_cpp:
                 run = compile_metal_as_cpp(unit, Path(tmp) / f"unit{n}.cpp")
             else:

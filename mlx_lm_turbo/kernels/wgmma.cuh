@@ -32,20 +32,14 @@ __device__ __forceinline__ void wgmma_wait() {
 // Registers an asynchronous wgmma reads or writes: the compiler keeps their other
 // reads and writes on the same side of this point (before wgmma_fence, after
 // wgmma_wait).
-template <int NB>
-__device__ __forceinline__ void fence_registers(float (&r)[NB][4]) {
+__device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_register(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <typename R, int NB>
+__device__ __forceinline__ void fence_registers(R (&r)[NB][4]) {
 #pragma unroll
   for (int i = 0; i < NB; ++i) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) asm volatile("" : "+f"(r[i][c])::"memory");
-  }
-}
-template <int NB>
-__device__ __forceinline__ void fence_registers(uint32_t (&r)[NB][4]) {
-#pragma unroll
-  for (int i = 0; i < NB; ++i) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) asm volatile("" : "+r"(r[i][c])::"memory");
+    for (int c = 0; c < 4; ++c) fence_register(r[i][c]);
   }
 }
 

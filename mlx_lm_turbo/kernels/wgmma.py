@@ -22,17 +22,21 @@ def _overloads(n):
     d = "{" + ", ".join(f"%{i}" for i in range(regs)) + "}"
     outs = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
     text = ""
-    for name, a_decl, a_operand, a_inputs, trans in (
-        ("wgmma_ss", "uint64_t a", f"%{regs}", '"l"(a)', "0, 0"),
+    for name, a_decl, a_inputs, trans in (
+        ("wgmma_ss", "uint64_t a", ['"l"(a)'], "0, 0"),
         (
             "wgmma_rs_trans_b",
             "const uint32_t (&a)[4]",
-            "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}",
-            ", ".join(f'"r"(a[{i}])' for i in range(4)),
+            [f'"r"(a[{i}])' for i in range(4)],
             "1",
         ),
     ):
-        b = regs + (1 if name == "wgmma_ss" else 4)
+        # A's operands (a descriptor, or four registers in braces), then B's, then
+        # whether to accumulate
+        a_operand = ", ".join(f"%{regs + i}" for i in range(len(a_inputs)))
+        if len(a_inputs) > 1:
+            a_operand = "{" + a_operand + "}"
+        b = regs + len(a_inputs)
         text += (
             "template <bool BF16>\n"
             f"__device__ __forceinline__ void {name}(float (&d)[{n // 8}][4], "
@@ -46,7 +50,7 @@ def _overloads(n):
                 f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
                 f'{d}, {a_operand}, %{b}, p, 1, 1, {trans};\\n}}\\n"\n'
                 f"                 : {outs}\n"
-                f'                 : {a_inputs}, "l"(b), "r"(accumulate));\n'
+                f'                 : {", ".join(a_inputs)}, "l"(b), "r"(accumulate));\n'
             )
         text += "}\n"
     return text
